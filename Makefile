@@ -1,0 +1,38 @@
+# One command to set up and run the tests, one to open the course.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup test course demo lint format clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+## make test: library tests, fault tests and every notebook (nbval), on a throwaway server
+test: setup
+	$(PY) -m pytest --nbval --nbval-sanitize-with notebooks/sanitize.cfg tests notebooks
+
+## make course: open the notebooks in JupyterLab
+course: setup
+	$(VENV)/bin/jupyter lab notebooks/01-the-table.ipynb
+
+## make demo: the paused-worker story in the terminal
+demo: setup
+	$(VENV)/bin/pgqueue demo
+
+lint: setup
+	$(VENV)/bin/ruff check pgqueue tests
+	$(VENV)/bin/ruff format --check pgqueue tests
+
+format: setup
+	$(VENV)/bin/ruff format pgqueue tests
+	$(VENV)/bin/ruff check --fix pgqueue tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

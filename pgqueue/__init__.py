@@ -1,0 +1,41 @@
+"""pgqueue: PostgreSQL as a job queue, with leases, heartbeats, a reaper and fencing tokens.
+
+>>> import pgqueue
+>>> q = pgqueue.Queue()            # PGQUEUE_DSN, DATABASE_URL, or the embedded server
+>>> q.install()
+>>> q.enqueue({"to": "a@example.com"}, queue="emails")
+"""
+
+from __future__ import annotations
+
+from .db import connect, mask_dsn, resolve_dsn
+from .errors import BadInput, ConnectError, LeaseLost, NotInstalled, PgQueueError
+from .events import Event, EventLog
+from .fencing import fenced_write
+from .job import Job
+from .queue import Queue, Reaped
+from .server import EmbeddedServer, default_server
+from .worker import Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BadInput",
+    "ConnectError",
+    "EmbeddedServer",
+    "Event",
+    "EventLog",
+    "Job",
+    "LeaseLost",
+    "NotInstalled",
+    "PgQueueError",
+    "Queue",
+    "Reaped",
+    "Worker",
+    "__version__",
+    "connect",
+    "default_server",
+    "fenced_write",
+    "mask_dsn",
+    "resolve_dsn",
+]

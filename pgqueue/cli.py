@@ -1,0 +1,258 @@
+"""The ``pgqueue`` command. Exit codes: 0 ok, 1 runtime error, 2 usage or bad input."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .db import mask_dsn, resolve_dsn
+from .errors import BadInput, PgQueueError
+from .queue import Queue
+
+
+class UsageError(PgQueueError):
+    """The command line itself is wrong (exit code 2)."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; return the exit code (used as the console script's status)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except (UsageError, BadInput) as exc:
+        print(f"pgqueue {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except PgQueueError as exc:
+        print(f"pgqueue {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pgqueue",
+        description="PostgreSQL as a job queue: SKIP LOCKED claims, leases, fencing tokens.",
+        epilog="Database: --dsn, else PGQUEUE_DSN, else DATABASE_URL, else an embedded server.",
+    )
+    parser.add_argument("--dsn", help="libpq connection string or URL")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, func: Callable[[argparse.Namespace], int | None], help: str):
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(func=func)
+        return p
+
+    command("init", cmd_init, "create the jobs table and its indexes (idempotent)")
+
+    p = command("enqueue", cmd_enqueue, "add jobs: one JSON object, or one per stdin line")
+    p.add_argument("queue", help="queue name")
+    p.add_argument("payload", nargs="?", help="JSON object; omit to read one per line of stdin")
+    p.add_argument("--delay", type=float, default=0.0, help="seconds before the job may run")
+    p.add_argument("--max-attempts", type=int, default=5, help="attempts before it goes dead")
+
+    p = command("worker", cmd_worker, "run a worker: MODULE:FUNCTION is called with each job")
+    p.add_argument("handler", help="import path of the handler, e.g. myapp.tasks:send_email")
+    p.add_argument("--queue", "-q", default="default", help="queue to work on")
+    p.add_argument("--concurrency", "-c", type=int, default=1, help="threads")
+    p.add_argument("--batch", type=int, default=1, help="jobs per claim")
+    p.add_argument("--lease", type=float, default=30.0, help="lease in seconds")
+    p.add_argument("--poll", type=float, default=2.0, help="poll interval in seconds")
+    p.add_argument("--backoff", type=float, default=1.0, help="retry after BACKOFF*2^attempts s")
+    p.add_argument("--reap-interval", type=float, default=5.0, help="seconds between reaps")
+    p.add_argument("--no-listen", action="store_true", help="poll only, no LISTEN/NOTIFY")
+    p.add_argument("--burst", action="store_true", help="exit when no runnable job is left")
+    p.add_argument("--name", default=f"worker-{os.getpid()}", help="name in logs and events")
+
+    command("reap", cmd_reap, "return jobs with expired leases to the queue (or mark them dead)")
+
+    p = command("stats", cmd_stats, "job counts by queue and status")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = command("prune", cmd_prune, "delete (or archive) done jobs")
+    p.add_argument("--older-than", type=float, default=0.0, help="seconds (by run_at)")
+    p.add_argument("--archive", action="store_true", help="move them to jobs_archive")
+
+    p = command("retry-dead", cmd_retry_dead, "give dead jobs of a queue more attempts")
+    p.add_argument("queue", help="queue name")
+    p.add_argument("--extra", type=int, default=1, help="attempts to add")
+
+    p = command("server", cmd_server, "manage the embedded PostgreSQL server")
+    p.add_argument("action", choices=["start", "stop", "status", "dsn"])
+
+    p = command("demo", cmd_demo, "replay the paused-worker story and show the fence at work")
+    p.add_argument("--pause", type=float, default=2.0, help="seconds worker A stays frozen")
+
+    for name, (module, doc) in PLUGINS.items():
+        p = sub.add_parser(name, help=doc, description=doc, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=lambda a, module=module: _plugin(module, a.rest))
+    return parser
+
+
+# Commands with options of their own live in their own modules.
+PLUGINS: dict[str, tuple[str, str]] = {
+    "bench": ("pgqueue.bench", "run the benchmarks and write CSV under data/"),
+}
+
+
+def _plugin(module: str, rest: list[str]) -> int:
+    return int(importlib.import_module(module).main(rest) or 0)
+
+
+def _queue(args: argparse.Namespace) -> Queue:
+    return Queue(resolve_dsn(args.dsn))
+
+
+def cmd_init(args: argparse.Namespace) -> None:
+    with _queue(args) as q:
+        q.install()
+    print("jobs table ready")
+
+
+def cmd_enqueue(args: argparse.Namespace) -> None:
+    if args.payload is not None:
+        payloads = [_parse_json(args.payload, "payload")]
+    else:
+        payloads = []
+        for number, raw in enumerate(sys.stdin.buffer, start=1):
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError:
+                raise BadInput(
+                    f"stdin line {number} is not valid UTF-8; nothing was enqueued"
+                ) from None
+            if line:
+                payloads.append(_parse_json(line, f"stdin line {number}"))
+    with _queue(args) as q:
+        ids = q.enqueue_many(
+            payloads, queue=args.queue, delay=args.delay, max_attempts=args.max_attempts
+        )
+    print(
+        f"enqueued {len(ids)} job(s) on {args.queue!r}"
+        + (f": id {ids[0]}" if len(ids) == 1 else "")
+    )
+
+
+def _parse_json(text: str, where: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadInput(
+            f"{where} is not JSON ({exc.msg} at column {exc.colno}); nothing was enqueued"
+        ) from None
+    if not isinstance(value, dict):
+        raise BadInput(f'{where} must be a JSON object like \'{{"to": "a@example.com"}}\'')
+    return value
+
+
+def load_handler(spec: str) -> Callable[..., Any]:
+    """Import ``module:function``; a one-line UsageError if that is not possible."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"handler must look like module:function, got {spec!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise UsageError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
+    handler = getattr(module, attr, None)
+    if not callable(handler):
+        raise UsageError(f"{module_name!r} has no function {attr!r}")
+    return handler
+
+
+def cmd_worker(args: argparse.Namespace) -> None:
+    from .worker import Worker
+
+    handler = load_handler(args.handler)
+    worker = Worker(
+        handler,
+        queue=args.queue,
+        dsn=resolve_dsn(args.dsn),
+        concurrency=args.concurrency,
+        batch=args.batch,
+        lease=args.lease,
+        poll_interval=args.poll,
+        backoff=args.backoff,
+        reap_interval=args.reap_interval,
+        listen=not args.no_listen,
+        burst=args.burst,
+        name=args.name,
+    )
+    logging.getLogger("pgqueue").setLevel(logging.INFO if args.verbose else logging.WARNING)
+    worker.run()
+    print(f"{args.name}: {worker.done} done, {worker.rejected} late writes refused")
+
+
+def cmd_reap(args: argparse.Namespace) -> None:
+    with _queue(args) as q:
+        reaped = q.reap()
+    dead = sum(r.status == "dead" for r in reaped)
+    print(f"reaped {len(reaped)} job(s): {len(reaped) - dead} ready again, {dead} dead")
+
+
+def cmd_stats(args: argparse.Namespace) -> None:
+    with _queue(args) as q:
+        rows = q.stats()
+    if args.json:
+        print(json.dumps(rows))
+        return
+    if not rows:
+        print("no jobs")
+        return
+    print(f"{'queue':<20} {'status':<8} {'jobs':>8} {'oldest ready (s)':>17}")
+    for row in rows:
+        age = row["oldest_ready_seconds"]
+        age_text = "" if age is None else f"{age:.1f}"
+        print(f"{row['queue']:<20} {row['status']:<8} {row['jobs']:>8} {age_text:>17}")
+
+
+def cmd_prune(args: argparse.Namespace) -> None:
+    with _queue(args) as q:
+        count = q.prune(args.older_than, archive=args.archive)
+    print(f"{'archived' if args.archive else 'deleted'} {count} done job(s)")
+
+
+def cmd_retry_dead(args: argparse.Namespace) -> None:
+    with _queue(args) as q:
+        ids = q.retry_dead(args.queue, extra=args.extra)
+    print(f"requeued {len(ids)} dead job(s) on {args.queue!r}")
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    from .server import default_server
+
+    server = default_server()
+    if args.action == "start":
+        print(server.start())
+    elif args.action == "stop":
+        print("stopped" if server.stop() else "not running")
+    elif args.action == "status":
+        running = server.is_running()
+        print(f"{'running' if running else 'stopped'}: {server.home}")
+        return 0 if running else 3
+    else:
+        print(server.dsn())
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from .demo import run_demo
+
+    dsn = resolve_dsn(args.dsn)
+    logging.getLogger("pgqueue.worker").setLevel(logging.ERROR)  # the story says it all
+    print(f"database: {mask_dsn(dsn)}")
+    run_demo(dsn, pause=args.pause)

@@ -1,0 +1,23 @@
+"""The exceptions pgqueue raises; each message is one line saying what to do."""
+
+from __future__ import annotations
+
+
+class PgQueueError(Exception):
+    """Base class: something pgqueue cannot do, with a one-line reason."""
+
+
+class BadInput(PgQueueError, ValueError):
+    """A value given to pgqueue is not usable (nothing was written)."""
+
+
+class NotInstalled(PgQueueError):
+    """The jobs table does not exist in this database yet."""
+
+
+class ConnectError(PgQueueError):
+    """No PostgreSQL server could be reached at the configured address."""
+
+
+class LeaseLost(PgQueueError):
+    """This worker no longer holds the job: its fence is stale. Stop and discard the work."""

@@ -1,0 +1,64 @@
+"""A claimed job: what the claim returned, and whether this worker has since lost it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from .errors import LeaseLost
+from .fencing import fenced_write
+
+
+@dataclass
+class Job:
+    """One claim of a job. ``fence`` is this holder's token: every later write carries it."""
+
+    id: int
+    queue: str
+    payload: dict[str, Any]
+    fence: int
+    attempts: int
+    max_attempts: int
+    lease_until: datetime | None
+    lost_event: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    # Set by whoever claimed the job: the connection to write with, and an event recorder.
+    conn: psycopg.Connection | None = field(default=None, repr=False, compare=False)
+    on_event: Callable[[str, Job], None] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def lost(self) -> bool:
+        """True once a heartbeat or write found that someone else holds the job now."""
+        return self.lost_event.is_set()
+
+    def mark_lost(self) -> None:
+        """Record that this holder's fence is stale (set by the worker, read by handlers)."""
+        self.lost_event.set()
+
+    def raise_if_lost(self) -> None:
+        """Raise ``LeaseLost`` if the job was taken over; call it between steps of long work."""
+        if self.lost:
+            raise LeaseLost(f"job {self.id}: fence {self.fence} is stale; discard this work")
+
+    def fenced_write(
+        self,
+        table: str,
+        key: Mapping[str, Any],
+        values: Mapping[str, Any],
+        *,
+        upsert: bool = True,
+    ) -> bool:
+        """Write to another table with this job's fence (see ``pgqueue.fenced_write``);
+        return whether it took effect. A rejected write marks the job lost."""
+        if self.conn is None:
+            raise LeaseLost(f"job {self.id} has no connection to write with; claim it first")
+        took_effect = fenced_write(self.conn, table, key, values, self.fence, upsert=upsert)
+        if not took_effect:
+            self.mark_lost()
+        if self.on_event:
+            self.on_event("fenced-write" if took_effect else "fenced-write-rejected", self)
+        return took_effect

@@ -1,0 +1,264 @@
+"""``Queue``: one method per statement of ``sql/queries.sql``, no hidden state but a connection.
+
+Every write after a claim carries the job's fence and returns whether it took effect:
+``False`` means another worker holds the job now, and the caller must discard its work.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from . import statements
+from .db import connect
+from .errors import BadInput, NotInstalled
+from .job import Job
+
+MAX_LEASE = 7 * 24 * 3600.0  # seconds; longer leases are a mistake, not a choice
+
+
+class Reaped(NamedTuple):
+    """A job the reaper moved: back to ``ready``, or to ``dead`` at max_attempts."""
+
+    id: int
+    queue: str
+    status: str
+    fence: int
+
+
+class Queue:
+    """The jobs table behind one connection (opened from a DSN, or yours).
+
+    Pass ``conn=`` to ``enqueue``/``enqueue_many`` to write the job inside your own
+    transaction: it then commits or rolls back with your data.
+    """
+
+    def __init__(self, target: str | psycopg.Connection | None = None) -> None:
+        self._owned = not isinstance(target, psycopg.Connection)
+        self.conn: psycopg.Connection = (
+            connect(target) if not isinstance(target, psycopg.Connection) else target
+        )
+
+    # -- lifecycle -------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the connection if this queue opened it."""
+        if self._owned:
+            self.conn.close()
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def install(self) -> None:
+        """Create the jobs table, its indexes and trigger if missing (idempotent)."""
+        with self.conn.transaction():
+            # One installer at a time: CREATE ... IF NOT EXISTS races with itself.
+            self.conn.execute("SELECT pg_advisory_xact_lock(hashtext('pgqueue.install'))")
+            self.conn.execute(statements.schema())
+
+    # -- producing -------------------------------------------------------------------
+    def enqueue(
+        self,
+        payload: dict[str, Any],
+        *,
+        queue: str = "default",
+        delay: float = 0.0,
+        run_at: datetime | None = None,
+        max_attempts: int = 5,
+        conn: psycopg.Connection | None = None,
+    ) -> int:
+        """Add one job and return its id (inside ``conn``'s transaction if given)."""
+        params = _job_params(queue, delay, run_at, max_attempts) | {"payload": _jsonb(payload)}
+        row = self._run("enqueue", params, conn).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def enqueue_many(
+        self,
+        payloads: Iterable[dict[str, Any]],
+        *,
+        queue: str = "default",
+        delay: float = 0.0,
+        run_at: datetime | None = None,
+        max_attempts: int = 5,
+        conn: psycopg.Connection | None = None,
+    ) -> list[int]:
+        """Add many jobs in one statement, all or none; return their ids in order."""
+        params = _job_params(queue, delay, run_at, max_attempts)
+        params["payloads"] = [_jsonb(p, index=i) for i, p in enumerate(payloads)]
+        if not params["payloads"]:
+            return []
+        return [int(r[0]) for r in self._run("enqueue_many", params, conn).fetchall()]
+
+    # -- consuming -------------------------------------------------------------------
+    def claim(self, queue: str = "default", *, limit: int = 1, lease: float = 30.0) -> list[Job]:
+        """Claim up to ``limit`` runnable jobs for ``lease`` seconds (fence and attempts + 1)."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise BadInput(f"limit must be a whole number from 1 to 10000, got {limit!r}")
+        params = {"queue": _queue_name(queue), "limit": limit, "lease": _lease(lease)}
+        rows = self._run("claim", params).fetchall()
+        return [Job(*row, conn=self.conn) for row in rows]
+
+    def heartbeat(self, job: Job, *, lease: float = 30.0) -> bool:
+        """Extend the job's lease; False (and ``job.lost``) if someone else holds it now."""
+        params = {"id": job.id, "fence": job.fence, "lease": _lease(lease)}
+        return self._fenced(job, self._run("heartbeat", params).rowcount == 1)
+
+    def heartbeat_many(self, jobs: Sequence[Job], *, lease: float = 30.0) -> list[Job]:
+        """Extend many leases in one statement; return the jobs that were lost (marked)."""
+        if not jobs:
+            return []
+        params = {**_held(jobs), "lease": _lease(lease)}
+        kept = {r[0] for r in self._run("heartbeat_many", params).fetchall()}
+        lost = [job for job in jobs if job.id not in kept]
+        for job in lost:
+            job.mark_lost()
+        return lost
+
+    def complete(self, job: Job) -> bool:
+        """Mark the job done; False (and ``job.lost``) if its fence is stale."""
+        params = {"id": job.id, "fence": job.fence}
+        return self._fenced(job, self._run("complete", params).rowcount == 1)
+
+    def complete_many(self, jobs: Sequence[Job]) -> list[Job]:
+        """Mark many jobs done in one fenced statement; return the ones rejected (marked)."""
+        if not jobs:
+            return []
+        done = {r[0] for r in self._run("complete_many", _held(jobs)).fetchall()}
+        rejected = [job for job in jobs if job.id not in done]
+        for job in rejected:
+            job.mark_lost()
+        return rejected
+
+    def fail(self, job: Job, error: str, *, backoff: float = 1.0) -> bool:
+        """Record ``error``; the job retries after ``backoff * 2**attempts`` seconds, or goes
+        dead at max_attempts. False (and ``job.lost``) if its fence is stale."""
+        params = {
+            "id": job.id,
+            "fence": job.fence,
+            "error": str(error)[:10_000],
+            "backoff": _seconds("backoff", backoff),
+        }
+        return self._fenced(job, self._run("fail", params).rowcount == 1)
+
+    def release(self, job: Job) -> bool:
+        """Give back a claimed job that was not started, without using up an attempt."""
+        params = {"id": job.id, "fence": job.fence}
+        return self._fenced(job, self._run("release", params).rowcount == 1)
+
+    # -- housekeeping ----------------------------------------------------------------
+    def reap(self) -> list[Reaped]:
+        """Return jobs with expired leases to ``ready`` (or ``dead``); safe to run anywhere."""
+        return [Reaped(*row) for row in self._run("reap", {}).fetchall()]
+
+    def retry_dead(
+        self, queue: str = "default", *, ids: Sequence[int] | None = None, extra: int = 1
+    ) -> list[int]:
+        """Make dead jobs of ``queue`` (or just ``ids``) ready again with ``extra`` attempts."""
+        if isinstance(extra, bool) or not isinstance(extra, int) or extra < 1:
+            raise BadInput(f"extra must be a whole number of attempts >= 1, got {extra!r}")
+        params = {"queue": _queue_name(queue), "ids": list(ids) if ids else None, "extra": extra}
+        return [int(r[0]) for r in self._run("retry_dead", params).fetchall()]
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Job counts by queue and status, with the oldest runnable job's wait in seconds."""
+        cur = self._run("stats", {})
+        names = [c.name for c in cur.description or []]
+        rows = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        for row in rows:
+            age = row["oldest_ready_seconds"]
+            row["oldest_ready_seconds"] = None if age is None else float(age)
+        return rows
+
+    def prune(self, older_than: float | timedelta = 0.0, *, archive: bool = False) -> int:
+        """Delete (or move to ``jobs_archive``) done jobs older than ``older_than`` seconds."""
+        if isinstance(older_than, timedelta):
+            older_than = older_than.total_seconds()
+        params = {"older_than": _seconds("older_than", older_than)}
+        return self._run("prune_archive" if archive else "prune", params).rowcount
+
+    # -- internals -------------------------------------------------------------------
+    def _run(
+        self, name: str, params: dict[str, Any], conn: psycopg.Connection | None = None
+    ) -> psycopg.Cursor:
+        try:
+            return (conn or self.conn).execute(statements.query(name), params, prepare=True)
+        except psycopg.errors.UndefinedTable:
+            raise NotInstalled(
+                "the jobs table does not exist in this database: "
+                "run `pgqueue init` (or Queue.install()) first"
+            ) from None
+
+    @staticmethod
+    def _fenced(job: Job, took_effect: bool) -> bool:
+        if not took_effect:
+            job.mark_lost()
+        return took_effect
+
+
+# -- validation: bad input gets a one-line message before anything is written ---------
+def _queue_name(queue: object) -> str:
+    if not isinstance(queue, str) or not queue.strip() or len(queue) > 200 or "\x00" in queue:
+        raise BadInput(f"queue must be a non-empty name of at most 200 characters, got {queue!r}")
+    return queue
+
+
+def _seconds(what: str, value: object, *, upper: float = math.inf) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadInput(f"{what} must be a number of seconds, got {value!r}")
+    if not math.isfinite(value) or value < 0 or value > upper:
+        raise BadInput(
+            f"{what} must be a finite number of seconds from 0 to {upper:g}, got {value!r}"
+        )
+    return float(value)
+
+
+def _lease(lease: object) -> float:
+    seconds = _seconds("lease", lease, upper=MAX_LEASE)
+    if seconds == 0:
+        raise BadInput("lease must be more than 0 seconds (try 30)")
+    return seconds
+
+
+def _job_params(
+    queue: object, delay: object, run_at: object, max_attempts: object
+) -> dict[str, Any]:
+    if run_at is not None and (not isinstance(run_at, datetime) or run_at.tzinfo is None):
+        raise BadInput(f"run_at must be a timezone-aware datetime, got {run_at!r}")
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise BadInput(f"max_attempts must be a whole number >= 1, got {max_attempts!r}")
+    return {
+        "queue": _queue_name(queue),
+        "delay": _seconds("delay", delay, upper=10 * 365 * 86400.0),
+        "run_at": run_at,
+        "max_attempts": max_attempts,
+    }
+
+
+def _jsonb(payload: object, *, index: int | None = None) -> Jsonb:
+    where = "payload" if index is None else f"payload #{index}"
+    if not isinstance(payload, dict):
+        raise BadInput(f"{where} must be a JSON object (a dict), got {type(payload).__name__}")
+    try:
+        text = json.dumps(payload, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise BadInput(f"{where} is not JSON-serialisable: {exc}") from None
+    if "\\u0000" in text:
+        raise BadInput(f"{where} contains a NUL character (\\u0000), which jsonb cannot store")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInput(f"{where} contains text that is not valid UTF-8 (lone surrogates)") from None
+    return Jsonb(payload, dumps=lambda _: text)
+
+
+def _held(jobs: Sequence[Job]) -> dict[str, list[int]]:
+    return {"ids": [j.id for j in jobs], "fences": [j.fence for j in jobs]}

@@ -1,0 +1,126 @@
+-- Every statement pgqueue runs. Each block starts with "-- name: <name>" and a
+-- one-line description; parameters are psycopg's %(name)s placeholders.
+-- Every write after a claim checks id, fence and status = 'running': zero rows
+-- changed means "you no longer own this job".
+
+-- name: enqueue
+-- Add one job, runnable at %(run_at)s or %(delay)s seconds from now; NOTIFY fires at commit.
+INSERT INTO jobs (queue, payload, run_at, max_attempts)
+VALUES (%(queue)s, %(payload)s,
+        coalesce(%(run_at)s, now() + make_interval(secs => %(delay)s)), %(max_attempts)s)
+RETURNING id;
+
+-- name: enqueue_many
+-- Add many jobs in one statement (one notification per queue, not per job).
+INSERT INTO jobs (queue, payload, run_at, max_attempts)
+SELECT %(queue)s, p, coalesce(%(run_at)s, now() + make_interval(secs => %(delay)s)),
+       %(max_attempts)s
+FROM unnest(%(payloads)s::jsonb[]) WITH ORDINALITY AS t(p, n)
+ORDER BY n
+RETURNING id;
+
+-- name: claim
+-- Take up to %(limit)s ready jobs; SKIP LOCKED lets competing workers pass each other.
+UPDATE jobs
+SET status      = 'running',
+    attempts    = attempts + 1,
+    fence       = fence + 1,
+    lease_until = now() + make_interval(secs => %(lease)s)
+WHERE id IN (
+  SELECT id FROM jobs
+  WHERE queue = %(queue)s AND status = 'ready' AND run_at <= now()
+  ORDER BY run_at
+  LIMIT %(limit)s
+  FOR UPDATE SKIP LOCKED
+)
+RETURNING id, queue, payload, fence, attempts, max_attempts, lease_until;
+
+-- name: heartbeat
+-- Extend one lease; zero rows means the job was taken over.
+UPDATE jobs
+SET lease_until = now() + make_interval(secs => %(lease)s)
+WHERE id = %(id)s AND fence = %(fence)s AND status = 'running';
+
+-- name: heartbeat_many
+-- Extend many leases in one statement; the ids not returned were lost.
+UPDATE jobs
+SET lease_until = now() + make_interval(secs => %(lease)s)
+FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS held(id, fence)
+WHERE jobs.id = held.id AND jobs.fence = held.fence AND jobs.status = 'running'
+RETURNING jobs.id;
+
+-- name: complete
+-- Mark one job done, only if the caller still holds its fence.
+UPDATE jobs
+SET status = 'done', lease_until = NULL
+WHERE id = %(id)s AND fence = %(fence)s AND status = 'running';
+
+-- name: complete_many
+-- Mark many jobs done in one fenced statement; returns the ids that took effect.
+UPDATE jobs
+SET status = 'done', lease_until = NULL
+FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS held(id, fence)
+WHERE jobs.id = held.id AND jobs.fence = held.fence AND jobs.status = 'running'
+RETURNING jobs.id;
+
+-- name: fail
+-- Record an error; retry after %(backoff)s * 2^attempts seconds, or go dead at max_attempts.
+UPDATE jobs
+SET status      = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'ready' END,
+    run_at      = now() + make_interval(secs => %(backoff)s * power(2, attempts)),
+    lease_until = NULL,
+    last_error  = %(error)s
+WHERE id = %(id)s AND fence = %(fence)s AND status = 'running'
+RETURNING status, run_at;
+
+-- name: release
+-- Hand a claimed but unstarted job back (graceful stop); the attempt is given back too.
+UPDATE jobs
+SET status       = 'ready',
+    run_at       = now(),
+    lease_until  = NULL,
+    max_attempts = max_attempts + 1
+WHERE id = %(id)s AND fence = %(fence)s AND status = 'running';
+
+-- name: reap
+-- Return jobs whose lease ran out; jobs that used every attempt go dead.
+UPDATE jobs
+SET status      = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'ready' END,
+    run_at      = now(),
+    lease_until = NULL
+WHERE status = 'running' AND lease_until < now()
+RETURNING id, queue, status, fence;
+
+-- name: retry_dead
+-- Give dead jobs of a queue %(extra)s more attempts (attempts and fence keep counting).
+UPDATE jobs
+SET status       = 'ready',
+    run_at       = now(),
+    max_attempts = attempts + %(extra)s,
+    last_error   = NULL
+WHERE queue = %(queue)s AND status = 'dead'
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+RETURNING id;
+
+-- name: stats
+-- Job counts by queue and status, and how long the oldest runnable job has waited.
+SELECT queue, status, count(*) AS jobs,
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'ready' AND run_at <= now()))
+         AS oldest_ready_seconds
+FROM jobs
+GROUP BY queue, status
+ORDER BY queue, status;
+
+-- name: prune
+-- Delete done jobs that became runnable more than %(older_than)s seconds ago.
+DELETE FROM jobs
+WHERE status = 'done' AND run_at < now() - make_interval(secs => %(older_than)s);
+
+-- name: prune_archive
+-- Move done jobs older than %(older_than)s seconds into jobs_archive, in one statement.
+WITH moved AS (
+  DELETE FROM jobs
+  WHERE status = 'done' AND run_at < now() - make_interval(secs => %(older_than)s)
+  RETURNING *
+)
+INSERT INTO jobs_archive SELECT * FROM moved;
