@@ -22,12 +22,17 @@ def resolve_dsn(dsn: str | None = None) -> str:
     return default_server().start()
 
 
-def connect(dsn: str | None = None, *, autocommit: bool = True) -> psycopg.Connection:
+def connect(
+    dsn: str | None = None, *, autocommit: bool = True, application_name: str = "pgqueue"
+) -> psycopg.Connection:
     """Open a connection (autocommit by default: every statement is its own short
-    transaction, so no session sits idle in a transaction)."""
+    transaction, so no session sits idle in a transaction). ``application_name`` shows
+    in ``pg_stat_activity``, so you can tell workers apart there."""
     target = resolve_dsn(dsn)
     try:
-        return psycopg.connect(target, autocommit=autocommit, connect_timeout=10)
+        return psycopg.connect(
+            target, autocommit=autocommit, connect_timeout=10, application_name=application_name
+        )
     except psycopg.ProgrammingError as exc:  # malformed DSN
         raise ConnectError(
             f"invalid DSN {mask_dsn(target)!r}: {first_line(exc)}; "

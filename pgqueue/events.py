@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -29,8 +30,9 @@ class Event(NamedTuple):
 class EventLog:
     """Append-only list of ``Event``s shared by any number of threads."""
 
-    def __init__(self) -> None:
-        self._events: list[Event] = []
+    def __init__(self, maxlen: int | None = 200_000) -> None:
+        # Bounded, so a long-running worker's record cannot grow without limit.
+        self._events: deque[Event] = deque(maxlen=maxlen)
         self._lock = threading.Lock()
         self.started = time.time()
 

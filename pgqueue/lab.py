@@ -18,7 +18,9 @@ def fresh_database(name: str, dsn: str | None = None) -> str:
     """
     admin = resolve_dsn(dsn)
     with connect(admin) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     target = make_conninfo(admin, dbname=name)
     with Queue(target) as q:
@@ -29,7 +31,9 @@ def fresh_database(name: str, dsn: str | None = None) -> str:
 def drop_database(name: str, dsn: str | None = None) -> None:
     """Remove a database made by ``fresh_database`` (cleaning up after a notebook)."""
     with connect(resolve_dsn(dsn)) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
 
 
 __all__ = ["drop_database", "fresh_database"]

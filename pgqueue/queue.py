@@ -39,10 +39,14 @@ class Queue:
     transaction: it then commits or rolls back with your data.
     """
 
-    def __init__(self, target: str | psycopg.Connection | None = None) -> None:
+    def __init__(
+        self, target: str | psycopg.Connection | None = None, *, application_name: str = "pgqueue"
+    ) -> None:
         self._owned = not isinstance(target, psycopg.Connection)
         self.conn: psycopg.Connection = (
-            connect(target) if not isinstance(target, psycopg.Connection) else target
+            target
+            if isinstance(target, psycopg.Connection)
+            else connect(target, application_name=application_name)
         )
 
     # -- lifecycle -------------------------------------------------------------------

@@ -62,7 +62,7 @@ class _Link:
         delay = 0.05
         while self.queue is None:
             try:
-                self.queue = Queue(self.worker.dsn)
+                self.queue = Queue(self.worker.dsn, application_name=self.worker.app_name)
             except ConnectError as exc:
                 if self.worker.stopping:
                     raise
@@ -127,6 +127,7 @@ class Worker:
         self.burst = burst
         self.name = name
         self.events = events if events is not None else EventLog()
+        self.app_name = f"pgqueue worker {name}"  # how its sessions show in pg_stat_activity
         self.done = 0  # jobs this worker completed (accepted by fence)
         self.rejected = 0  # late writes the database refused
 
@@ -410,7 +411,7 @@ class Worker:
         delay = 0.05
         while not self._stop.is_set():
             try:
-                with connect(self.dsn) as conn:
+                with connect(self.dsn, application_name=self.app_name) as conn:
                     conn.execute("LISTEN pgqueue")
                     delay = 0.05
                     self._bell.ring()  # we may have missed hints while (re)connecting
