@@ -1,0 +1,46 @@
+"""Handlers for worker subprocesses in the tests: ``pgqueue worker tests.handlers:NAME``.
+
+They take their instructions from the payload, so one handler serves many tests:
+- ``sleep``: how long the handler works (seconds) before it writes anything;
+- ``report``: the id of the row of ``reports`` to write with the job's fence.
+
+``report`` writes to two side tables the test creates first:
+``reports (id int PRIMARY KEY, body text, fence bigint)`` through a fenced write, and
+``report_log (job_id bigint, fence bigint, pid int, accepted bool)`` with what happened,
+so a test can see a rejected late write that left no other trace.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from pgqueue import Job
+
+
+def noop(job: Job) -> None:
+    """Do nothing: the job completes at once."""
+
+
+def sleep(job: Job) -> None:
+    """Work for ``payload["sleep"]`` seconds (default 1), then complete."""
+    time.sleep(float(job.payload.get("sleep", 1.0)))
+
+
+def fail(job: Job) -> None:
+    """Always raise, so the worker records a failure with this error text."""
+    raise RuntimeError(f"boom on attempt {job.attempts}")
+
+
+def report(job: Job) -> None:
+    """Sleep ``payload["sleep"]`` seconds, then write ``reports`` with the job's fence and
+    log whether that write was accepted (a stale fence is refused by the database)."""
+    time.sleep(float(job.payload.get("sleep", 0.0)))
+    report_id = int(job.payload.get("report", job.id))
+    body = f"pid {os.getpid()} fence {job.fence}"
+    accepted = job.fenced_write("reports", {"id": report_id}, {"body": body})
+    assert job.conn is not None
+    job.conn.execute(
+        "INSERT INTO report_log (job_id, fence, pid, accepted) VALUES (%s, %s, %s, %s)",
+        (job.id, job.fence, os.getpid(), accepted),
+    )
