@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from .db import connect, mask_dsn, resolve_dsn
 from .errors import BadInput, ConnectError, LeaseLost, NotInstalled, PgQueueError
 from .events import Event, EventLog
@@ -18,6 +20,11 @@ from .server import EmbeddedServer, default_server
 from .worker import Worker
 
 __version__ = "0.1.0"
+
+# A library leaves logging to its host: without this, Python's last-resort handler
+# prints every worker warning to stderr (into notebook outputs) even when the host
+# configured nothing. The CLI configures logging itself.
+logging.getLogger("pgqueue").addHandler(logging.NullHandler())
 
 __all__ = [
     "BadInput",
