@@ -68,6 +68,10 @@ class Queue:
             self.conn.execute("SELECT pg_advisory_xact_lock(hashtext('pgqueue.install'))")
             self.conn.execute(statements.schema())
 
+    def check(self) -> None:
+        """Raise ``NotInstalled`` unless the jobs table exists (cheap: reads no rows)."""
+        self._run("check", {})
+
     # -- producing -------------------------------------------------------------------
     def enqueue(
         self,

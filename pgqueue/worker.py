@@ -134,6 +134,7 @@ class Worker:
         self._bell = _Bell()
         self._stop = threading.Event()
         self._crashed = threading.Event()
+        self._abandoned = threading.Event()  # grace is over: stop heartbeating
         self._lock = threading.Lock()
         self._in_flight: dict[int, tuple[Job, str]] = {}  # job id -> (job, lane)
         self._paused_until = 0.0
@@ -153,7 +154,7 @@ class Worker:
             raise RuntimeError(f"worker {self.name} was already started")
         # Fail fast, in the caller's thread, on a bad DSN or a missing table.
         with Queue(self.dsn) as probe:
-            probe.stats()
+            probe.check()
         self._job_threads = [
             threading.Thread(
                 target=self._work,
@@ -184,6 +185,7 @@ class Worker:
         deadline = time.monotonic() + grace
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        self._abandoned.set()
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the job threads to end (with ``burst=True``: the queue ran dry)."""
@@ -342,11 +344,13 @@ class Worker:
     def _settle(self, job: Job, lane: str, action: str, ok: bool, error: str = "") -> None:
         with self._lock:
             self._in_flight.pop(job.id, None)
+            if not ok:
+                self.rejected += 1
+            elif action == "complete":
+                self.done += 1
         if ok:
-            self.done += action == "complete"
             self._record(action, job, lane, error)
         else:
-            self.rejected += 1
             self._record(f"{action}-rejected", job, lane)
             log.warning(
                 "%s: late %s of job %s refused: fence %s is stale", lane, action, job.id, job.fence
@@ -363,7 +367,7 @@ class Worker:
         next_beat = time.monotonic() + beat_every
         next_reap = time.monotonic() + self.reap_interval * random.uniform(0.5, 1.0)
         try:
-            while not self._crashed.is_set():
+            while not (self._crashed.is_set() or self._abandoned.is_set()):
                 if self._stop.is_set() and not self.in_flight:
                     break
                 now = time.monotonic()
@@ -382,7 +386,11 @@ class Worker:
                     log.warning("%s: keeper lost its connection (%s)", self.name, first_line(exc))
                     time.sleep(0.1)
                     continue
-                time.sleep(max(0.0, min(next_beat, next_reap) - time.monotonic(), 0.005))
+                wait = max(0.005, min(next_beat, next_reap) - time.monotonic())
+                if self._stop.is_set():
+                    time.sleep(min(wait, 0.05))  # stopping: keep beating for the grace period
+                else:
+                    self._stop.wait(wait)
         finally:
             link.drop()
 

@@ -3,6 +3,10 @@
 -- Every write after a claim checks id, fence and status = 'running': zero rows
 -- changed means "you no longer own this job".
 
+-- name: check
+-- Fails with "relation does not exist" unless the schema is installed; reads no rows.
+SELECT 1 FROM jobs LIMIT 0;
+
 -- name: enqueue
 -- Add one job, runnable at %(run_at)s or %(delay)s seconds from now; NOTIFY fires at commit.
 INSERT INTO jobs (queue, payload, run_at, max_attempts)
