@@ -96,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pause", type=float, default=2.0, help="seconds worker A stays frozen")
 
     for name, (module, doc) in PLUGINS.items():
-        p = sub.add_parser(name, help=doc, description=doc, add_help=False)
+        # The plugin parses its own options. argparse's REMAINDER drops a leading option
+        # such as --help (bpo-17050), so this parser treats no argument as an option.
+        p = sub.add_parser(name, help=doc, description=doc, add_help=False, prefix_chars="\0")
         p.add_argument("rest", nargs=argparse.REMAINDER)
         p.set_defaults(func=lambda a, module=module: _plugin(module, a.rest))
     return parser
