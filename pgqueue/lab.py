@@ -3,11 +3,22 @@ run live (claims without locks, fences ignored). Never use these in production c
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from . import statements
 from .db import connect, resolve_dsn
+from .errors import BadInput
+from .events import EventLog
+from .job import Job
 from .queue import Queue
+from .worker import Worker
 
 
 def fresh_database(name: str, dsn: str | None = None) -> str:
@@ -36,4 +47,243 @@ def drop_database(name: str, dsn: str | None = None) -> None:
         )
 
 
-__all__ = ["drop_database", "fresh_database"]
+# -- counterfactuals: what goes wrong without the seed's safeguards ---------------------
+# Every function below is WRONG ON PURPOSE. The notebooks run them so you can watch the
+# failure happen; never call them from real code (use Queue.claim / Queue.complete /
+# Job.fenced_write). Their SQL is in sql/counterfactuals.sql.
+
+_SELECTS = {
+    "no-lock": "select_ready_unlocked",
+    "no-skip-locked": "select_ready_wait",
+    "skip-locked": "select_ready_skip",
+}
+
+
+def _claim_in_two_steps(
+    conn: psycopg.Connection,
+    style: str,
+    queue: str,
+    *,
+    limit: int,
+    hold: float,
+    lease: float,
+    on_selected: Callable[[float], None] | None = None,
+) -> list[Job]:
+    """Select ready ids (locking as ``style`` says), keep the transaction open ``hold``
+    seconds, then mark them running. ``on_selected`` hears how long the select waited."""
+    if style not in _SELECTS:
+        raise BadInput(f"style must be one of {sorted(_SELECTS)}, got {style!r}")
+    cf = statements.counterfactuals()
+    with conn.transaction():
+        asked = time.monotonic()
+        rows = conn.execute(cf[_SELECTS[style]], {"queue": queue, "limit": limit}).fetchall()
+        if on_selected is not None:
+            on_selected(time.monotonic() - asked)
+        if not rows:
+            return []
+        if hold > 0:
+            conn.execute(cf["hold"], {"seconds": hold})
+        params = {"ids": [r[0] for r in rows], "lease": lease}
+        claimed = conn.execute(cf["mark_running"], params).fetchall()
+    return [Job(*row, conn=conn) for row in claimed]
+
+
+def claim_without_lock(
+    conn: psycopg.Connection,
+    queue: str = "default",
+    *,
+    limit: int = 1,
+    window: float = 0.05,
+    lease: float = 30.0,
+) -> list[Job]:
+    """NEVER USE: claim by reading ready ids, then (``window`` seconds later) marking them
+    running, with no row lock. Two workers that read in the same window get the same job."""
+    return _claim_in_two_steps(conn, "no-lock", queue, limit=limit, hold=window, lease=lease)[0]
+
+
+def claim_without_skip_locked(
+    conn: psycopg.Connection,
+    queue: str = "default",
+    *,
+    limit: int = 1,
+    hold: float = 0.05,
+    lease: float = 30.0,
+) -> list[Job]:
+    """NEVER USE: claim with ``FOR UPDATE`` but no ``SKIP LOCKED``, keeping the transaction
+    open ``hold`` seconds. Correct, but every other claimer queues behind the locked rows."""
+    return _claim_in_two_steps(conn, "no-skip-locked", queue, limit=limit, hold=hold, lease=lease)[
+        0
+    ]
+
+
+def complete_ignoring_fence(conn: psycopg.Connection, job: Job) -> bool:
+    """NEVER USE: mark ``job`` done by id alone. A stale holder's late complete succeeds
+    (returns True) and nobody learns that two workers ran the job."""
+    cur = conn.execute(statements.counterfactuals()["complete_ignoring_fence"], {"id": job.id})
+    return cur.rowcount == 1
+
+
+def write_report_ignoring_fence(job: Job, report_id: int, body: str) -> bool:
+    """NEVER USE: write ``body`` to ``reports(id, body, fence)`` whatever fence is stored,
+    so a late writer overwrites a newer result. Recorded as an ``unfenced-write`` event."""
+    if job.conn is None:
+        raise BadInput(f"job {job.id} has no connection to write with; claim it first")
+    params = {"id": report_id, "body": body, "fence": job.fence}
+    cur = job.conn.execute(statements.counterfactuals()["write_report_ignoring_fence"], params)
+    if job.on_event:
+        job.on_event("unfenced-write", job)
+    return cur.rowcount == 1
+
+
+def race(
+    dsn: str,
+    style: str,
+    *,
+    workers: int = 4,
+    queue: str = "race",
+    hold: float = 0.05,
+    work: float = 0.02,
+    lease: float = 30.0,
+    events: EventLog | None = None,
+) -> EventLog:
+    """Let ``workers`` threads drain ``queue`` with a two-step claim of ``style``
+    (``"skip-locked"``, or the counterfactuals ``"no-skip-locked"`` and ``"no-lock"``),
+    each holding its claim transaction ``hold`` seconds and working ``work`` seconds per job.
+
+    Records claim, complete / complete-rejected, ``lock-wait`` (detail: seconds a claim's
+    select waited for other workers' row locks; waits under 20 ms are left out) and
+    ``claim-begin`` (the select returned; the claim transaction is still open).
+    """
+    if style not in _SELECTS:
+        raise BadInput(f"style must be one of {sorted(_SELECTS)}, got {style!r}")
+    log = events if events is not None else EventLog()
+    start = threading.Barrier(workers)
+    errors: list[BaseException] = []
+
+    def drain(lane: str) -> None:
+        try:
+            with Queue(dsn, application_name=f"pgqueue lab {lane}") as q:
+                start.wait()
+
+                def waited(seconds: float) -> None:
+                    if seconds >= 0.02:
+                        log.record("lock-wait", lane, detail=f"{seconds:.4f}")
+                    log.record("claim-begin", lane)
+
+                while True:
+                    jobs = _claim_in_two_steps(
+                        q.conn, style, queue, limit=1, hold=hold, lease=lease, on_selected=waited
+                    )
+                    if not jobs:
+                        return
+                    for job in jobs:
+                        log.record("claim", lane, job.id, job.fence, str(job.attempts))
+                        time.sleep(work)
+                        ok = q.complete(job)
+                        log.record(
+                            "complete" if ok else "complete-rejected", lane, job.id, job.fence
+                        )
+        except BaseException as exc:  # re-raised in the caller's thread below
+            errors.append(exc)
+            start.abort()
+
+    threads = [threading.Thread(target=drain, args=(f"w{i + 1}",)) for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return log
+
+
+# -- the lease-length experiment -----------------------------------------------------
+class LeaseTrial(NamedTuple):
+    """One lease length tried two ways: healthy jobs through a freeze, and a crash."""
+
+    lease: float
+    stolen: int  # of ``jobs`` healthy jobs, how many a rival took over during the freeze
+    jobs: int
+    recovery: float  # seconds from a crash until another worker claimed the job
+    freeze_events: EventLog
+    crash_events: EventLog
+
+
+def _wait_for(events: EventLog, kind: str, count: int = 1, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while events.count(kind) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:g} s for {count} {kind} event(s)")
+        time.sleep(0.01)
+
+
+def lease_trial(
+    dsn: str,
+    lease: float,
+    *,
+    freeze: float = 0.5,
+    jobs: int = 3,
+    work: float = 0.6,
+    queue: str = "lease-trial",
+) -> LeaseTrial:
+    """Try one lease length: (1) worker A runs ``jobs`` healthy jobs of ``work`` seconds and
+    freezes ``freeze`` seconds (a GC pause) while a rival B reaps and claims: count the jobs
+    B took over; (2) A crashes right after a claim: time until B claims that job."""
+    common: dict[str, Any] = {
+        "queue": queue,
+        "dsn": dsn,
+        "lease": lease,
+        "poll_interval": 0.05,
+        "reap_interval": 0.05,
+        "listen": False,
+    }
+    with Queue(dsn) as q:
+        q.conn.execute("DELETE FROM jobs WHERE queue = %s", [queue])
+        q.enqueue_many([{"n": i} for i in range(jobs)], queue=queue)
+
+    frozen = EventLog()
+    a = Worker(lambda job: time.sleep(work), name="A", concurrency=jobs, events=frozen, **common)
+    b = Worker(lambda job: time.sleep(work), name="B", concurrency=jobs, events=frozen, **common)
+    a.start()
+    try:
+        _wait_for(frozen, "claim", jobs)
+        time.sleep(work / 6)
+        a.pause(freeze)
+        b.start()
+        _wait_for(frozen, "complete", jobs, timeout=10 * (work + freeze + lease))
+        time.sleep(0.05)  # let A's refused completes land in the log
+    finally:
+        a.stop(grace=freeze + work + 1)
+        b.stop(grace=work + 1)
+    stolen = frozen.count("complete-rejected")
+
+    with Queue(dsn) as q:
+        q.enqueue({"n": "crash"}, queue=queue)
+    crashed = EventLog()
+    a = Worker(lambda job: None, name="A", events=crashed, **common)
+    a.crash_on_next_claim()
+    a.start()
+    b = Worker(lambda job: None, name="B", events=crashed, **common)
+    try:
+        _wait_for(crashed, "crash")
+        b.start()
+        _wait_for(crashed, "complete", timeout=10 * lease + 5)
+    finally:
+        b.stop(grace=1)
+        a.stop(grace=0.1)
+    crash_at = crashed.events("crash")[0].t
+    retaken_at = next(e.t for e in crashed.events("claim") if e.worker == "B")
+    return LeaseTrial(lease, stolen, jobs, retaken_at - crash_at, frozen, crashed)
+
+
+__all__ = [
+    "LeaseTrial",
+    "claim_without_lock",
+    "claim_without_skip_locked",
+    "complete_ignoring_fence",
+    "drop_database",
+    "fresh_database",
+    "lease_trial",
+    "race",
+    "write_report_ignoring_fence",
+]

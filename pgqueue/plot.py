@@ -35,6 +35,10 @@ _MARKS: dict[str, tuple[str, dict[str, Any]]] = {
     "fail": ("fail (retry later)", {"marker": "v", "color": "tab:orange", "s": 55}),
     "release": ("release (handed back)", {"marker": "<", "color": "0.5", "s": 45}),
     "fenced-write": ("fenced write (accepted)", {"marker": "D", "color": "tab:green", "s": 35}),
+    "unfenced-write": (
+        "write without fence (accepted!)",
+        {"marker": "P", "color": "darkorange", "s": 70},
+    ),
     "reap": ("reaper takes the job back", {"marker": "^", "color": "black", "s": 60}),
     "crash": ("crash", {"marker": "*", "color": "black", "s": 160}),
     "rejected": ("late write rejected (0 rows)", {"marker": "X", "color": "red", "s": 110}),
@@ -88,7 +92,7 @@ def timeline(
     else:
         fig = ax.figure
     job_kinds = set(_ENDS) | {"claim", "heartbeat", "lease-lost", "fenced-write"}
-    job_kinds |= {"fenced-write-rejected"}
+    job_kinds |= {"fenced-write-rejected", "unfenced-write", "lock-wait"}
     lanes = sorted(set(frame.loc[frame["kind"].isin(job_kinds), "worker"]), key=_lane_order)
     reap_rows = frame[frame["kind"] == "reap"]
     end_s = float(frame["s"].max()) if len(frame) else 1.0
@@ -123,6 +127,29 @@ def timeline(
             )
         end_s = max(end_s, row.s + seconds)
         used.add("pause")
+
+    # Lock waits (lab.race): the claim's select stood in line behind other workers' locks.
+    for row in frame[frame["kind"] == "lock-wait"].itertuples():
+        if row.worker in y:
+            waited = float(row.detail or 0)
+            ax.broken_barh(
+                [(row.s - waited, waited)],
+                (y[row.worker] - 0.14, 0.28),
+                facecolor="none",
+                edgecolor="tab:orange",
+                hatch="....",
+                linewidth=0,
+            )
+            used.add("lock-wait")
+
+    # Claim transactions (lab.race): from the select's return to the commit of the claim.
+    begins = frame[frame["kind"] == "claim-begin"]
+    for row in claims.itertuples():
+        mine = begins[(begins["worker"] == row.worker) & (begins["s"] <= row.s)]
+        if len(mine):
+            begun = float(mine["s"].iloc[-1])
+            ax.broken_barh([(begun, row.s - begun)], (y[row.worker] - 0.06, 0.12), color="navy")
+            used.add("claim-tx")
 
     # Holds: from the claim to whatever ended it.
     crashed = {
@@ -205,7 +232,7 @@ def timeline(
             for lane in targets:
                 xs.append(row.s)
                 ys.append(y[lane])
-                if kind == "rejected":
+                if kind == "rejected" and len(rows) <= 12:
                     # Stack the labels of rejections that land at about the same moment.
                     near = [
                         t for t in labelled.setdefault(lane, []) if abs(t - row.s) < 0.04 * end_s
@@ -257,6 +284,18 @@ def timeline(
             )
         if "pause" in used:
             handles.append(Patch(facecolor="0.8", alpha=0.6, label="worker paused"))
+        if "claim-tx" in used:
+            handles.append(Patch(facecolor="navy", label="claim transaction open"))
+        if "lock-wait" in used:
+            handles.append(
+                Patch(
+                    facecolor="none",
+                    edgecolor="tab:orange",
+                    hatch="....",
+                    linewidth=0,
+                    label="waiting for a row lock",
+                )
+            )
         if "expiry" in used:
             handles.append(
                 Line2D([], [], color="tab:red", linestyle=":", linewidth=2, label="lease runs out")
