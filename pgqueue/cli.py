@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 # Commands with options of their own live in their own modules.
 PLUGINS: dict[str, tuple[str, str]] = {
     "bench": ("pgqueue.bench", "run the benchmarks and write CSV under data/"),
+    "chaos": ("pgqueue.chaos", "run workers under injected faults and check the promises"),
 }
 
 
