@@ -1,0 +1,139 @@
+"""``EmbeddedServer``: started once per home however many processes ask, reused, stopped,
+and reachable through its unix socket only."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pgqueue import ConnectError, EmbeddedServer, Queue
+from pgqueue.server import SOCKET_DIR_MAX, default_home
+
+START = "import sys; from pgqueue.server import EmbeddedServer; " \
+    "print(EmbeddedServer(sys.argv[1], durable=False).start())"  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def home() -> Iterator[Path]:
+    """A home of its own for this module's server (stopped and removed at the end)."""
+    path = Path(tempfile.mkdtemp(prefix="pgqueue-srv-"))
+    path.chmod(0o755)  # as root the server runs as another user, who must reach it
+    try:
+        yield path
+    finally:
+        EmbeddedServer(path).stop()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def postmasters(data: Path) -> list[int]:
+    """PIDs of postmaster processes serving ``data`` (children have other command lines)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"postgres") and str(data).encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def postmaster_pid(server: EmbeddedServer) -> int:
+    """The running postmaster's PID, from its lock file."""
+    return int((server.data / "postmaster.pid").read_text().split()[0])
+
+
+def test_two_processes_starting_at_once_start_one_server(home: Path) -> None:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", START, str(home)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        outputs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert outputs[0][0] == outputs[1][0] == EmbeddedServer(home).dsn() + "\n"
+    server = EmbeddedServer(home)
+    assert postmasters(server.data) == [postmaster_pid(server)]
+
+
+def test_start_twice_reuses_the_running_server(home: Path) -> None:
+    server = EmbeddedServer(home, durable=False)
+    first = server.start()
+    pid = postmaster_pid(server)
+    assert server.start() == first
+    assert EmbeddedServer(home).start() == first
+    assert postmaster_pid(server) == pid
+    assert postmasters(server.data) == [pid]
+
+
+def test_unix_socket_only(home: Path) -> None:
+    server = EmbeddedServer(home, durable=False)
+    server.start()
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
+        assert conn.execute("SHOW listen_addresses").fetchone() == ("",)
+        assert conn.execute("SELECT inet_server_addr()").fetchone() == (None,)
+        assert conn.execute("SHOW unix_socket_permissions").fetchone() == ("0700",)
+    assert "host=/" in server.dsn() and "port=" in server.dsn()
+
+
+def test_stop_start_and_is_running_keep_the_data(home: Path) -> None:
+    server = EmbeddedServer(home, durable=False)
+    server.start()
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS kept; CREATE TABLE kept AS SELECT 42 AS answer")
+    assert server.is_running()
+    assert server.stop() is True
+    assert not server.is_running()
+    assert postmasters(server.data) == []
+    assert server.stop() is False
+    with pytest.raises(ConnectError, match="cannot connect"):
+        Queue(server.dsn())
+    server.start()
+    assert server.is_running()
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
+        assert conn.execute("SELECT answer FROM kept").fetchone() == (42,)
+
+
+def test_dsn_names_a_database(home: Path) -> None:
+    server = EmbeddedServer(home)
+    assert server.dsn("other").endswith("dbname=other")
+    assert server.bin("pgbench").name == "pgbench"
+    assert os.access(server.bin("pgbench"), os.X_OK)
+
+
+def test_a_never_started_home_is_not_running(tmp_path: Path) -> None:
+    server = EmbeddedServer(tmp_path / "nothing")
+    assert not server.is_running()
+    assert server.stop() is False
+
+
+def test_home_comes_from_pgqueue_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PGQUEUE_HOME", str(tmp_path / "mine"))
+    assert default_home() == tmp_path / "mine"
+    assert EmbeddedServer().home == (tmp_path / "mine").resolve()
+
+
+def test_long_homes_get_a_short_socket_dir(tmp_path: Path) -> None:
+    deep = tmp_path / ("x" * 120)
+    server = EmbeddedServer(deep)
+    assert len(str(server.socket_dir)) <= SOCKET_DIR_MAX
+    assert server.socket_dir != EmbeddedServer(tmp_path / ("y" * 120)).socket_dir
