@@ -137,6 +137,7 @@ class Worker:
         self._abandoned = threading.Event()  # grace is over: stop heartbeating
         self._lock = threading.Lock()
         self._in_flight: dict[int, tuple[Job, str]] = {}  # job id -> (job, lane)
+        self._finishing: set[int] = set()  # ids whose complete/fail/release is under way
         self._paused_until = 0.0
         self._pause_on_claim: float | None = None
         self._crash_on_claim = False
@@ -312,6 +313,8 @@ class Worker:
     def _finish(self, link: _Link, job: Job, lane: str, action: str, error: str = "") -> None:
         """complete / fail / release by fence, retried across reconnects (the fence makes
         a retry safe: it can only take effect while we still own the job)."""
+        with self._lock:
+            self._finishing.add(job.id)
         for attempt in range(6):
             try:
                 queue = link.get()
@@ -331,6 +334,8 @@ class Worker:
         self._settle(job, lane, action, ok, error)
 
     def _finish_many(self, link: _Link, jobs: list[Job], lane: str) -> None:
+        with self._lock:
+            self._finishing.update(job.id for job in jobs)
         try:
             rejected = {j.id for j in link.get().complete_many(jobs)}
         except _DISCONNECTS:
@@ -344,6 +349,7 @@ class Worker:
     def _settle(self, job: Job, lane: str, action: str, ok: bool, error: str = "") -> None:
         with self._lock:
             self._in_flight.pop(job.id, None)
+            self._finishing.discard(job.id)
             if not ok:
                 self.rejected += 1
             elif action == "complete":
@@ -400,7 +406,12 @@ class Worker:
         if not held:
             return
         lost = {job.id for job in queue.heartbeat_many([j for j, _ in held], lease=self.lease)}
+        with self._lock:
+            # A job finished meanwhile is not lost: its complete/fail event tells how it ended.
+            ended = {i for i in lost if i in self._finishing or i not in self._in_flight}
         for job, lane in held:
+            if job.id in ended:
+                continue
             if job.id in lost:
                 self._record("lease-lost", job, lane)
                 log.warning("%s: lost the lease on job %s (fence %s)", lane, job.id, job.fence)
