@@ -2,6 +2,7 @@
 
 They take their instructions from the payload, so one handler serves many tests:
 - ``sleep``: how long the handler works (seconds) before it writes anything;
+- ``first_sleep``: extra seconds on the first attempt only (a job that hangs once);
 - ``report``: the id of the row of ``reports`` to write with the job's fence.
 
 ``report`` writes to two side tables the test creates first:
@@ -17,14 +18,20 @@ import time
 
 from pgqueue import Job
 
+# The side tables ``report`` writes to; a test runs this before starting workers.
+SIDE_TABLES = """
+CREATE TABLE reports (id int PRIMARY KEY, body text, fence bigint NOT NULL);
+CREATE TABLE report_log (job_id bigint, fence bigint, pid int, accepted bool);
+"""
+
 
 def noop(job: Job) -> None:
     """Do nothing: the job completes at once."""
 
 
 def sleep(job: Job) -> None:
-    """Work for ``payload["sleep"]`` seconds (default 1), then complete."""
-    time.sleep(float(job.payload.get("sleep", 1.0)))
+    """Work for ``payload["sleep"]`` (+ ``first_sleep`` on attempt 1) seconds, then complete."""
+    time.sleep(_seconds(job))
 
 
 def fail(job: Job) -> None:
@@ -33,9 +40,9 @@ def fail(job: Job) -> None:
 
 
 def report(job: Job) -> None:
-    """Sleep ``payload["sleep"]`` seconds, then write ``reports`` with the job's fence and
-    log whether that write was accepted (a stale fence is refused by the database)."""
-    time.sleep(float(job.payload.get("sleep", 0.0)))
+    """Sleep as the payload says, then write ``reports`` with the job's fence and log
+    whether that write was accepted (a stale fence is refused by the database)."""
+    time.sleep(_seconds(job))
     report_id = int(job.payload.get("report", job.id))
     body = f"pid {os.getpid()} fence {job.fence}"
     accepted = job.fenced_write("reports", {"id": report_id}, {"body": body})
@@ -44,3 +51,8 @@ def report(job: Job) -> None:
         "INSERT INTO report_log (job_id, fence, pid, accepted) VALUES (%s, %s, %s, %s)",
         (job.id, job.fence, os.getpid(), accepted),
     )
+
+
+def _seconds(job: Job) -> float:
+    first = float(job.payload.get("first_sleep", 0.0)) if job.attempts == 1 else 0.0
+    return float(job.payload.get("sleep", 0.0)) + first
