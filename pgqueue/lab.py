@@ -15,7 +15,7 @@ from psycopg.conninfo import make_conninfo
 from . import statements
 from .db import connect, resolve_dsn
 from .errors import BadInput
-from .events import EventLog
+from .events import Event, EventLog
 from .job import Job
 from .queue import Queue
 from .worker import Worker
@@ -209,11 +209,20 @@ class LeaseTrial(NamedTuple):
     crash_events: EventLog
 
 
-def _wait_for(events: EventLog, kind: str, count: int = 1, timeout: float = 10.0) -> None:
+def wait_for(
+    events: EventLog,
+    what: str | Callable[[Event], bool],
+    count: int = 1,
+    *,
+    timeout: float = 10.0,
+) -> None:
+    """Block until ``events`` holds ``count`` events of kind ``what`` (or matching the
+    predicate ``what``); raise ``TimeoutError`` after ``timeout`` seconds."""
+    match = (lambda e: e.kind == what) if isinstance(what, str) else what
     deadline = time.monotonic() + timeout
-    while events.count(kind) < count:
+    while sum(1 for e in events.events() if match(e)) < count:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"waited {timeout:g} s for {count} {kind} event(s)")
+            raise TimeoutError(f"waited {timeout:g} s for {count} event(s) of {what!r}")
         time.sleep(0.01)
 
 
@@ -246,11 +255,11 @@ def lease_trial(
     b = Worker(lambda job: time.sleep(work), name="B", concurrency=jobs, events=frozen, **common)
     a.start()
     try:
-        _wait_for(frozen, "claim", jobs)
+        wait_for(frozen, "claim", jobs)
         time.sleep(work / 6)
         a.pause(freeze)
         b.start()
-        _wait_for(frozen, "complete", jobs, timeout=10 * (work + freeze + lease))
+        wait_for(frozen, "complete", jobs, timeout=10 * (work + freeze + lease))
         time.sleep(0.05)  # let A's refused completes land in the log
     finally:
         a.stop(grace=freeze + work + 1)
@@ -265,9 +274,9 @@ def lease_trial(
     a.start()
     b = Worker(lambda job: None, name="B", events=crashed, **common)
     try:
-        _wait_for(crashed, "crash")
+        wait_for(crashed, "crash")
         b.start()
-        _wait_for(crashed, "complete", timeout=10 * lease + 5)
+        wait_for(crashed, "complete", timeout=10 * lease + 5)
     finally:
         b.stop(grace=1)
         a.stop(grace=0.1)
@@ -285,5 +294,6 @@ __all__ = [
     "fresh_database",
     "lease_trial",
     "race",
+    "wait_for",
     "write_report_ignoring_fence",
 ]
