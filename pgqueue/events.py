@@ -74,6 +74,8 @@ class EventLog:
         import pandas as pd
 
         frame = pd.DataFrame(self.events(), columns=list(Event._fields))
+        # Whole numbers with gaps (a pause has no job), not floats: job 7, not 7.0.
+        frame = frame.astype({"job_id": "Int64", "fence": "Int64"})
         frame["s"] = frame["t"] - self.started
         return frame
 
