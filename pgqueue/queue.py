@@ -21,6 +21,9 @@ from .errors import BadInput, NotInstalled
 from .job import Job
 
 MAX_LEASE = 7 * 24 * 3600.0  # seconds; longer leases are a mistake, not a choice
+MAX_BACKOFF = 24 * 3600.0  # seconds; the retry delay stops doubling here (see sql/queries.sql)
+MAX_ATTEMPTS = 1_000_000  # keeps attempts and max_attempts far inside the int column
+MAX_AGE = 100 * 365 * 86400.0  # seconds; prune's older_than beyond this overflows timestamps
 
 
 class Reaped(NamedTuple):
@@ -152,8 +155,8 @@ class Queue:
         params = {
             "id": job.id,
             "fence": job.fence,
-            "error": str(error)[:10_000],
-            "backoff": _seconds("backoff", backoff),
+            "error": _text(error, 10_000),
+            "backoff": _seconds("backoff", backoff, upper=MAX_BACKOFF),
         }
         return self._fenced(job, self._run("fail", params).rowcount == 1)
 
@@ -171,8 +174,14 @@ class Queue:
         self, queue: str = "default", *, ids: Sequence[int] | None = None, extra: int = 1
     ) -> list[int]:
         """Make dead jobs of ``queue`` (or just ``ids``) ready again with ``extra`` attempts."""
-        if isinstance(extra, bool) or not isinstance(extra, int) or extra < 1:
-            raise BadInput(f"extra must be a whole number of attempts >= 1, got {extra!r}")
+        if isinstance(extra, bool) or not isinstance(extra, int) or not 1 <= extra <= MAX_ATTEMPTS:
+            raise BadInput(
+                f"extra must be a whole number of attempts from 1 to {MAX_ATTEMPTS}, got {extra!r}"
+            )
+        if ids is not None and not all(
+            isinstance(i, int) and not isinstance(i, bool) and 1 <= i < 2**63 for i in ids
+        ):
+            raise BadInput(f"ids must be job ids (whole numbers >= 1), got {ids!r}")
         params = {"queue": _queue_name(queue), "ids": list(ids) if ids else None, "extra": extra}
         return [int(r[0]) for r in self._run("retry_dead", params).fetchall()]
 
@@ -190,7 +199,7 @@ class Queue:
         """Delete (or move to ``jobs_archive``) done jobs older than ``older_than`` seconds."""
         if isinstance(older_than, timedelta):
             older_than = older_than.total_seconds()
-        params = {"older_than": _seconds("older_than", older_than)}
+        params = {"older_than": _seconds("older_than", older_than, upper=MAX_AGE)}
         return self._run("prune_archive" if archive else "prune", params).rowcount
 
     # -- internals -------------------------------------------------------------------
@@ -216,7 +225,23 @@ class Queue:
 def _queue_name(queue: object) -> str:
     if not isinstance(queue, str) or not queue.strip() or len(queue) > 200 or "\x00" in queue:
         raise BadInput(f"queue must be a non-empty name of at most 200 characters, got {queue!r}")
+    if not _is_utf8(queue):
+        raise BadInput(f"queue name is not valid UTF-8 text (lone surrogates): {queue!r}")
     return queue
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _text(value: object, limit: int) -> str:
+    """``value`` as text a Postgres text column accepts: no NUL, valid UTF-8, bounded."""
+    text = str(value)[:limit].replace("\x00", "\\x00")
+    return text if _is_utf8(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _seconds(what: str, value: object, *, upper: float = math.inf) -> float:
@@ -241,8 +266,14 @@ def _job_params(
 ) -> dict[str, Any]:
     if run_at is not None and (not isinstance(run_at, datetime) or run_at.tzinfo is None):
         raise BadInput(f"run_at must be a timezone-aware datetime, got {run_at!r}")
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise BadInput(f"max_attempts must be a whole number >= 1, got {max_attempts!r}")
+    if (
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= MAX_ATTEMPTS
+    ):
+        raise BadInput(
+            f"max_attempts must be a whole number from 1 to {MAX_ATTEMPTS}, got {max_attempts!r}"
+        )
     return {
         "queue": _queue_name(queue),
         "delay": _seconds("delay", delay, upper=10 * 365 * 86400.0),
@@ -261,10 +292,8 @@ def _jsonb(payload: object, *, index: int | None = None) -> Jsonb:
         raise BadInput(f"{where} is not JSON-serialisable: {exc}") from None
     if "\\u0000" in text:
         raise BadInput(f"{where} contains a NUL character (\\u0000), which jsonb cannot store")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise BadInput(f"{where} contains text that is not valid UTF-8 (lone surrogates)") from None
+    if not _is_utf8(text):
+        raise BadInput(f"{where} contains text that is not valid UTF-8 (lone surrogates)")
     return Jsonb(payload, dumps=lambda _: text)
 
 

@@ -68,10 +68,12 @@ WHERE jobs.id = held.id AND jobs.fence = held.fence AND jobs.status = 'running'
 RETURNING jobs.id;
 
 -- name: fail
--- Record an error; retry after %(backoff)s * 2^attempts seconds, or go dead at max_attempts.
+-- Record an error; retry after %(backoff)s * 2^attempts seconds (at most a day: a larger
+-- delay would overflow the interval type), or go dead at max_attempts.
 UPDATE jobs
 SET status      = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'ready' END,
-    run_at      = now() + make_interval(secs => %(backoff)s * power(2, attempts)),
+    run_at      = now() + make_interval(
+                    secs => least(%(backoff)s * power(2, least(attempts, 60)), 86400)),
     lease_until = NULL,
     last_error  = %(error)s
 WHERE id = %(id)s AND fence = %(fence)s AND status = 'running'
