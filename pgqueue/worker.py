@@ -26,7 +26,7 @@ from .db import connect, first_line, resolve_dsn
 from .errors import BadInput, ConnectError, NotInstalled
 from .events import EventLog
 from .job import Job
-from .queue import Queue
+from .queue import MAX_BACKOFF, Queue, _lease, _queue_name, _seconds
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -113,6 +113,13 @@ class Worker:
         ):
             if not isinstance(value, int | float) or not 0 < value < 1e6:
                 raise BadInput(f"{what} must be a positive number of seconds, got {value!r}")
+        # What the job threads' claims and fails would refuse, refused here instead: a
+        # BadInput raised in a job thread would end it (and the worker) with a traceback.
+        _queue_name(queue)
+        _lease(lease)
+        _seconds("backoff", backoff, upper=MAX_BACKOFF)
+        if batch > 10_000:
+            raise BadInput(f"batch must be a whole number from 1 to 10000, got {batch!r}")
         self.handler = handler
         self.queue = queue
         self.dsn = resolve_dsn(dsn)
