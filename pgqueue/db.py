@@ -45,7 +45,10 @@ def connect(
         ) from None
 
 
-_URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
+# user:password@ up to the last "@" of the authority (a raw "@" in a password happens).
+_URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^/]*@")
+# password=value in key=value form, where the value may be quoted and contain spaces.
+_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S+)")
 
 
 def mask_dsn(dsn: str) -> str:
@@ -56,7 +59,7 @@ def mask_dsn(dsn: str) -> str:
     try:
         parts = conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
-        return re.sub(r"(password\s*=\s*)(\S+)", r"\1***", dsn)
+        return _KV_PASSWORD.sub(r"\1***", dsn)
     if "password" in parts:
         parts["password"] = "***"
     return " ".join(f"{key}={value}" for key, value in parts.items())
@@ -66,4 +69,4 @@ def first_line(exc: BaseException) -> str:
     """The first non-empty line of an exception's message, with passwords masked."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     text = lines[0] if lines else type(exc).__name__
-    return re.sub(r"(password\s*=\s*)(\S+)", r"\1***", text)
+    return _KV_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
