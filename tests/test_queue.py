@@ -27,6 +27,7 @@ from pgqueue import (
 
 # Every statement of queries.sql; a new one must get a test here before it is listed.
 TESTED_QUERIES = {
+    "check",
     "enqueue",
     "enqueue_many",
     "claim",
@@ -750,9 +751,14 @@ def test_bad_heartbeat_and_fail_arguments_change_nothing(queue: Queue, dsn: str)
     assert not job.lost
 
 
+def test_check_passes_once_installed(queue: Queue) -> None:
+    queue.check()  # raises NotInstalled otherwise (below)
+
+
 def test_missing_table_says_run_pgqueue_init(empty_dsn: str) -> None:
     with Queue(empty_dsn) as q:
         for call in (
+            q.check,
             lambda: q.enqueue({}, queue="q"),
             lambda: q.enqueue_many([{}], queue="q"),
             lambda: q.claim("q"),
