@@ -184,9 +184,11 @@ KERNEL_IDLE = """() => {
     const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel;
     return kernel?.status === 'idle';
 }"""
-# Errors, tracebacks and warnings in the outputs, as the notebook model holds them.
+# Errors, tracebacks and warnings: in the notebook model (cell outputs) and on the page
+# (widget outputs, such as the interact's, live in widget models, not in the cells).
 PROBLEMS = """() => {
     const problems = [];
+    const bad = /Traceback|Error|Warning/;
     const cells = window.jupyterapp.shell.currentWidget.content.widgets;
     cells.forEach((cell, index) => {
         if (cell.model.type !== 'code') return;
@@ -194,12 +196,31 @@ PROBLEMS = """() => {
             if (out.output_type === 'error') {
                 problems.push(`cell ${index}: ${out.ename}: ${out.evalue}`);
             } else if (out.output_type === 'stream' && out.name === 'stderr'
-                       && /Traceback|Error|Warning/.test(out.text)) {
+                       && bad.test(out.text)) {
                 problems.push(`cell ${index} stderr: ${out.text.slice(0, 500)}`);
             }
         }
     });
+    const shown = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]';
+    for (const out of document.querySelectorAll(shown)) {
+        if (bad.test(out.textContent)) problems.push(`shown: ${out.textContent.slice(-800)}`);
+    }
     return problems;
+}"""
+# After the click: the widget's cell shows new pictures, or an error; null while waiting.
+RERUN = """([label, before]) => {
+    const button = [...document.querySelectorAll('button')]
+        .find(b => b.textContent.trim() === label);
+    const cell = button?.closest('.jp-Cell');
+    if (!cell) return null;
+    const shown = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]';
+    const errors = [...cell.querySelectorAll(shown)].map(out => out.textContent)
+        .filter(text => /Traceback|Error/.test(text));
+    if (errors.length) return {errors: errors.map(text => text.slice(-1500))};
+    const srcs = [...cell.querySelectorAll('.jp-OutputArea-output img')]
+        .filter(img => img.complete && img.naturalWidth > 0).map(img => img.src);
+    const redrawn = srcs.length > 0 && JSON.stringify(srcs) !== JSON.stringify(before);
+    return redrawn ? {errors: [], images: srcs.length} : null;
 }"""
 IMAGES_SHOWN = (
     """els => els.filter(img => img.complete && img.naturalWidth > 0).map(img => img.src)"""
@@ -238,25 +259,17 @@ def test_fencing_notebook_runs_in_jupyterlab_in_chromium(
             images = page.locator(".jp-Notebook .jp-RenderedImage img")
             assert images.evaluate_all(IMAGES_SHOWN), "no figure was drawn as an image"
 
-            button = page.get_by_role("button", name=BUTTON)
-            assert button.count() == 1, f"expected one {BUTTON!r} button (the interact widget)"
+            buttons = page.get_by_role("button", name=BUTTON)
+            assert buttons.count() >= 1, f"no {BUTTON!r} button: the interact widget is missing"
+            button = buttons.first  # RERUN below watches the first one too
             widget_cell = page.locator(".jp-Cell", has=button)
             widget_images = widget_cell.locator(".jp-OutputArea-output img")
             before = widget_images.evaluate_all(IMAGES_SHOWN)
             button.scroll_into_view_if_needed()
             button.click()
-            page.wait_for_function(
-                """([label, before]) => {
-                    const button = [...document.querySelectorAll('button')]
-                        .find(b => b.textContent.trim() === label);
-                    const cell = button?.closest('.jp-Cell');
-                    const srcs = [...(cell?.querySelectorAll('.jp-OutputArea-output img') ?? [])]
-                        .filter(img => img.complete && img.naturalWidth > 0).map(img => img.src);
-                    return srcs.length > 0 && JSON.stringify(srcs) !== JSON.stringify(before);
-                }""",
-                arg=[BUTTON, before],
-                timeout=RUN_TIMEOUT_MS,
-            )
+            rerun = page.wait_for_function(RERUN, arg=[BUTTON, before], timeout=RUN_TIMEOUT_MS)
+            errors = rerun.json_value()["errors"]
+            assert not errors, f"{BUTTON!r} failed:\n" + "\n".join(errors)
             page.wait_for_function(KERNEL_IDLE, timeout=RUN_TIMEOUT_MS)
             assert page.evaluate(PROBLEMS) == [], "the widget's re-run reported a problem"
             widget_images.last.scroll_into_view_if_needed()
