@@ -10,7 +10,7 @@ which late writes the database refused.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .events import EventLog
@@ -73,6 +73,7 @@ def timeline(
     lease: float | None = None,
     annotate: bool | None = None,
     legend: bool = True,
+    lanes: Sequence[str] | None = None,
 ) -> Figure:
     """Draw one lane per worker over time and return the figure.
 
@@ -81,6 +82,7 @@ def timeline(
     shaded pauses, crashes, reaper returns, and rejected late writes as a red X.
     With ``lease`` (seconds), marks where each hold's lease ran out before the hold ended.
     ``annotate`` defaults to labelling claims only when there are few of them.
+    ``lanes`` fixes which lanes to draw, in order (a worker that did nothing keeps its lane).
     """
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
@@ -88,12 +90,16 @@ def timeline(
 
     frame = as_frame(events)
     if ax is None:
-        fig, ax = plt.subplots(figsize=(10, 1.4 + 0.75 * max(1, _count_lanes(frame))))
+        count = len(lanes) if lanes is not None else _count_lanes(frame)
+        fig, ax = plt.subplots(figsize=(10, 1.4 + 0.75 * max(1, count)))
     else:
         fig = ax.figure
     job_kinds = set(_ENDS) | {"claim", "heartbeat", "lease-lost", "fenced-write"}
     job_kinds |= {"fenced-write-rejected", "unfenced-write", "lock-wait"}
-    lanes = sorted(set(frame.loc[frame["kind"].isin(job_kinds), "worker"]), key=_lane_order)
+    seen = set(frame.loc[frame["kind"].isin(job_kinds), "worker"])
+    lanes = list(lanes) if lanes is not None else sorted(seen, key=_lane_order)
+    # Worker-level events (pause, crash) and reaps are placed on lanes below.
+    frame = frame[frame["worker"].isin(lanes) | frame["kind"].isin(["pause", "crash", "reap"])]
     reap_rows = frame[frame["kind"] == "reap"]
     end_s = float(frame["s"].max()) if len(frame) else 1.0
     y = {lane: i for i, lane in enumerate(lanes)}
