@@ -108,7 +108,7 @@ def test_sigstopped_worker_late_writes_are_rejected(dsn: str, spawn: Spawn) -> N
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(SIDE_TABLES)
     with Queue(dsn) as q:
-        job_id = q.enqueue({"report": 1, "first_sleep": 1.5}, queue="q")
+        job_id = q.enqueue({"report": 1, "first_sleep": 2.5}, queue="q")
     fast = ("--lease", "1", "--poll", "0.2", "--reap-interval", "0.3")
 
     a = spawn("report", "A", *fast)

@@ -128,7 +128,7 @@ def test_heartbeats_keep_a_long_job_past_its_lease(
 ) -> None:
     job_id = queue.enqueue({}, queue="q")
     events = EventLog()
-    lease = 0.6
+    lease = 0.8  # heartbeats every ~0.27 s keep it; B's reaper runs every 0.2 s
 
     def slow(job: Job) -> None:
         time.sleep(3 * lease)
@@ -160,7 +160,7 @@ def test_paused_worker_replays_the_seed_story(
 
     lease = 0.5
     a = make_worker(write_report, name="A", lease=lease, events=events)
-    a.pause_on_next_claim(2.0)
+    a.pause_on_next_claim(3.0)  # long enough for B to reap, claim and finish
     a.start()
     wait_for(lambda: rows(dsn, "SELECT fence FROM jobs") == [(1,)], what="A's claim")
     b = make_worker(write_report, name="B", lease=lease, events=events).start()
