@@ -22,6 +22,7 @@ import csv
 import datetime as dt
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import random
@@ -243,7 +244,7 @@ def _percentile(values: Sequence[float], p: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
+    rank = max(0, min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1))
     return ordered[rank]
 
 
