@@ -214,7 +214,8 @@ def timeline(
                 color="tab:blue",
             )
 
-    # Point events.
+    # Point events. Labels of writes that land at about the same moment are stacked.
+    labelled: dict[str, list[float]] = {}
     for kind, (_, style) in _MARKS.items():
         if kind == "rejected":
             rows = frame[frame["kind"].isin(_REJECTED)]
@@ -226,7 +227,6 @@ def timeline(
             rows = frame[(frame["kind"] == kind) & frame["worker"].isin(lanes)]
         xs: list[float] = []
         ys: list[float] = []
-        labelled: dict[str, list[float]] = {}
         for row in rows.itertuples():
             if kind == "reap":
                 lane = holder.get((int(row.job_id), int(row.fence)), "reaper")
@@ -238,20 +238,22 @@ def timeline(
             for lane in targets:
                 xs.append(row.s)
                 ys.append(y[lane])
-                if kind == "rejected" and len(rows) <= 12:
-                    # Stack the labels of rejections that land at about the same moment.
+                if kind in ("rejected", "unfenced-write") and len(rows) <= 12:
                     near = [
-                        t for t in labelled.setdefault(lane, []) if abs(t - row.s) < 0.04 * end_s
+                        t for t in labelled.setdefault(lane, []) if abs(t - row.s) < 0.25 * end_s
                     ]
                     labelled[lane].append(row.s)
                     what = row.kind.removesuffix("-rejected").replace("fenced-write", "write")
+                    text = f"{what} f={int(row.fence)} rejected"
+                    if kind == "unfenced-write":
+                        text = f"write f={int(row.fence)} accepted, unchecked"
                     ax.annotate(
-                        f"{what} f={int(row.fence)} rejected",
+                        text,
                         (row.s, y[lane]),
-                        xytext=(8, -4 - 10 * len(near)),
+                        xytext=(6, 8 if not near else -6 - 10 * len(near)),
                         textcoords="offset points",
                         fontsize=8,
-                        color="red",
+                        color=style["color"],
                     )
                 elif kind == "reap" and annotate:
                     ax.annotate(
@@ -270,7 +272,7 @@ def timeline(
     ax.set_yticks(range(len(lanes)), lanes)
     ax.set_ylim(len(lanes) - 0.5, -0.6)  # first worker on top
     ax.set_xlim(
-        left=min(0.0, float(frame["s"].min()) if len(frame) else 0.0), right=end_s * 1.14 + 0.05
+        left=min(0.0, float(frame["s"].min()) if len(frame) else 0.0), right=end_s * 1.25 + 0.05
     )
     ax.set_xlabel("time since start (s)")
     ax.set_ylabel("worker")
