@@ -40,13 +40,13 @@ def fenced_write(
         raise BadInput("fenced_write needs a non-empty key and values")
     if fence_column in key or fence_column in values:
         raise BadInput(f"pass the fence as fence=, not as the column {fence_column!r}")
-    target = sql.Identifier(*table.split(".")) if "." in table else sql.Identifier(table)
-    fence_id = sql.Identifier(fence_column)
+    target = _name(*table.split("."))
+    fence_id = _name(fence_column)
     params: dict[str, Any] = {f"k{i}": v for i, v in enumerate(key.values())}
     params |= {f"v{i}": v for i, v in enumerate(values.values())}
     params["fence"] = fence
-    keys = [sql.Identifier(k) for k in key]
-    cols = [sql.Identifier(c) for c in values]
+    keys = [_name(k) for k in key]
+    cols = [_name(c) for c in values]
     if upsert:
         query = sql.SQL(
             "INSERT INTO {t} ({all_cols}) VALUES ({all_vals}) "
@@ -79,3 +79,9 @@ def fenced_write(
             ),
         )
     return conn.execute(query, params).rowcount == 1
+
+
+def _name(*parts: str) -> sql.Identifier:
+    """A quoted identifier. ``%`` is doubled because psycopg reads the composed query
+    for %(name)s placeholders and would take a ``%`` inside a name for one."""
+    return sql.Identifier(*(part.replace("%", "%%") for part in parts))
