@@ -35,18 +35,20 @@ def connect(
         )
     except psycopg.ProgrammingError as exc:  # malformed DSN
         raise ConnectError(
-            f"invalid DSN {mask_dsn(target)!r}: {first_line(exc)}; "
+            f"invalid DSN {mask_dsn(target)!r}: {_scrub(first_line(exc), target)}; "
             "fix --dsn / PGQUEUE_DSN, or unset them to use the embedded server"
         ) from None
     except psycopg.OperationalError as exc:
         raise ConnectError(
-            f"cannot connect to PostgreSQL at {mask_dsn(target)!r}: {first_line(exc)}; "
+            f"cannot connect to PostgreSQL at {mask_dsn(target)!r}: "
+            f"{_scrub(first_line(exc), target)}; "
             "check that the server runs and --dsn / PGQUEUE_DSN is right"
         ) from None
 
 
-# user:password@ up to the last "@" of the authority (a raw "@" in a password happens).
-_URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^/]*@")
+# user:password@ up to the last "@": a raw "@", "/" or "?" in a password happens, and
+# masking too much of a DSN shown in a message is harmless.
+_URL_PASSWORD = re.compile(r"(://[^:/@]*:).*@")
 # password=value in key=value form, where the value may be quoted and contain spaces.
 _KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S+)")
 
@@ -63,6 +65,18 @@ def mask_dsn(dsn: str) -> str:
     if "password" in parts:
         parts["password"] = "***"
     return " ".join(f"{key}={value}" for key, value in parts.items())
+
+
+def _scrub(text: str, dsn: str) -> str:
+    """``text`` without any piece of the password written in ``dsn``: libpq may echo a
+    piece of a malformed URL back (e.g. as an invalid port)."""
+    found = re.search(r"://[^:/@]*:(.*)@", dsn)
+    if found:
+        pieces = [found.group(1), *re.split(r"[/?#@:]", found.group(1))]
+        for piece in sorted(pieces, key=len, reverse=True):
+            if len(piece) >= 3:  # shorter bits would garble the message, not protect much
+                text = text.replace(piece, "***")
+    return text
 
 
 def first_line(exc: BaseException) -> str:
