@@ -80,7 +80,7 @@ def test_readme_binder_link_opens_the_first_notebook_in_jupyterlab() -> None:
         url = urlsplit(link)
         parts = url.path.split("/")
         # /v2/gh/OWNER/REPO/REF
-        assert parts[1:3] == ["v2", "gh"] and len(parts) == 6 and all(parts), link
+        assert parts[1:3] == ["v2", "gh"] and len(parts) == 6 and all(parts[1:]), link
         query = parse_qs(url.query)
         assert list(query) == ["urlpath"], f"open JupyterLab with ?urlpath=lab/tree/...: {link}"
         urlpath = unquote(query["urlpath"][0])
