@@ -19,7 +19,7 @@ RETURNING id;
 INSERT INTO jobs (queue, payload, run_at, max_attempts)
 SELECT %(queue)s, p, coalesce(%(run_at)s, now() + make_interval(secs => %(delay)s)),
        %(max_attempts)s
-FROM unnest(%(payloads)s::jsonb[]) WITH ORDINALITY AS t(p, n)
+FROM unnest(%(payloads)b::jsonb[]) WITH ORDINALITY AS t(p, n)
 ORDER BY n
 RETURNING id;
 
