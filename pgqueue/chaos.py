@@ -708,8 +708,8 @@ def summary(report: Report) -> str:
         "jobs: "
         + ", ".join(f"{n} {s}" for s, n in sorted(report.statuses.items()))
         + f"; {report.rerun_jobs} ran more than once ({report.extra_attempts} extra attempts,"
-        f" at most {report.bound} explainable: one per kill, stop and terminate,"
-        f" {report.workers} per restart)",
+        f" at most {report.bound} explainable: one per kill, stop and terminate"
+        + (f", {report.workers} per restart)" if report.restart_enabled else ")"),
         "lost attempts by likely cause: "
         + (", ".join(f"{k} {n}" for k, n in report.causes.most_common()) or "none"),
         f"results overwritten by a newer fence: {report.superseded_writes}; "

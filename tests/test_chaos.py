@@ -11,9 +11,10 @@ import sys
 from itertools import pairwise
 from pathlib import Path
 
+import psycopg
 import pytest
 
-from pgqueue import chaos
+from pgqueue import Job, Queue, chaos, fenced_write
 
 PGQUEUE = str(Path(sys.executable).with_name("pgqueue"))
 
@@ -87,7 +88,7 @@ def test_chaos_run_keeps_every_promise(tmp_path: Path) -> None:
     fence, accepted fences only going up, re-runs within what the faults explain."""
     lines: list[str] = []
     report = chaos.run(
-        chaos.Config(seed=7, duration=45, workers=3, lease=2.0, log_dir=tmp_path),
+        chaos.Config(seed=7, duration=45, workers=3, lease=3.0, log_dir=tmp_path),
         say=lines.append,
     )
     text = "\n".join([*lines, chaos.summary(report)])
@@ -101,3 +102,41 @@ def test_chaos_run_keeps_every_promise(tmp_path: Path) -> None:
     assert report.causes["unattributed"] == 0, text
     # every process the run started is gone
     assert _processes_mentioning(report.queue) == []
+
+
+def test_what_a_fence_cannot_stop_and_what_an_idempotency_key_does(dsn: str) -> None:
+    """The limits, shown plainly. A paused holder whose late write lands *before* the new
+    holder writes is accepted (the fence orders writes; it cannot know who holds the job
+    now), and anything outside the database, like an e-mail, happens twice. A unique
+    idempotency key on the side effect (here: the job id) is what makes it happen once."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE reports (id bigint PRIMARY KEY, body text, fence bigint)")
+        conn.execute("CREATE TABLE outbox (idempotency_key text PRIMARY KEY, body text)")
+        conn.execute("CREATE TABLE sent (body text)")  # an e-mail API that checks nothing
+        queue = Queue(conn)
+        job_id = queue.enqueue({"to": "a@example.com"})
+        [a] = queue.claim(lease=30)
+        conn.execute("UPDATE jobs SET lease_until = now() - interval '1 second'")  # A froze
+        queue.reap()
+        [b] = queue.claim(lease=30)
+        assert (a.fence, b.fence) == (1, 2)
+
+        def side_effects(job: Job, who: str) -> None:
+            fenced_write(conn, "reports", {"id": job.id}, {"body": who}, job.fence)
+            conn.execute("INSERT INTO sent VALUES (%s)", [who])
+            conn.execute(
+                "INSERT INTO outbox VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                [f"welcome-email:{job.id}", who],
+            )
+
+        side_effects(a, "A (stale)")  # lands first: the fence cannot refuse it
+        side_effects(b, "B")
+        assert not queue.complete(a) and queue.complete(b)  # one accepted completion
+        # the fenced table ends at the newest fence ...
+        assert conn.execute("SELECT body, fence FROM reports").fetchall() == [("B", 2)]
+        # ... the unchecked side effect happened twice, the keyed one once
+        assert conn.execute("SELECT count(*) FROM sent").fetchone() == (2,)
+        assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (1,)
+        assert conn.execute("SELECT status FROM jobs WHERE id = %s", [job_id]).fetchone() == (
+            "done",
+        )
