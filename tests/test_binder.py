@@ -42,8 +42,8 @@ FIRST_NOTEBOOK = NOTEBOOKS[0]
 # What checks the notebooks; installed after binder/'s own files and without their
 # dependencies, so that they cannot make up for anything binder/ forgot (pip check).
 CHECKER = ["pytest", "pluggy", "iniconfig", "pytest-timeout", "nbval", "coverage"]
-# Kept between runs, one per user: repeated runs install from it instead of PyPI.
-PIP_CACHE = Path(tempfile.gettempdir()) / "pgqueue-binder-pip-cache-{uid}"
+# pip's cache, kept between runs (one per user): repeated runs install from it, not PyPI.
+PIP_CACHE = "pgqueue-binder-pip-cache-{uid}"  # in the system's temporary directory
 # Passed through to the simulated user's environment so pip reaches its index as ours does.
 PASS_THROUGH = re.compile(r"PIP_\w+|(?i:\w+_proxy)|SSL_CERT_\w+|REQUESTS_CA_BUNDLE")
 MYBINDER_LINK = re.compile(r"https://mybinder\.org/v2/[^\s)\"'>\]]+")
@@ -114,17 +114,20 @@ class NotebookUser:
     def venv(self) -> Path:
         return self.work / "env"  # outside the repository, as repo2docker's env is
 
+    @property
+    def pip_cache(self) -> Path:
+        return Path(tempfile.gettempdir()) / PIP_CACHE.format(uid=self.uid)
+
     def env(self) -> dict[str, str]:
         """A launch environment: nothing of ours but how pip reaches its index."""
         env = {key: value for key, value in os.environ.items() if PASS_THROUGH.fullmatch(key)}
-        cache = Path(str(PIP_CACHE).format(uid=self.uid))
         env.update(
             HOME=str(self.home),
             USER=self.name,
             LOGNAME=self.name,
             LANG="C.UTF-8",
             PATH=f"{self.venv}/bin:/usr/local/bin:/usr/bin:/bin",
-            PIP_CACHE_DIR=str(cache),
+            PIP_CACHE_DIR=str(self.pip_cache),
             PIP_DISABLE_PIP_VERSION_CHECK="1",
         )
         return env
@@ -174,11 +177,10 @@ def notebook_user() -> Iterator[NotebookUser]:
     entry = _ensure_user(BINDER_USER) if as_root else pwd.getpwuid(os.geteuid())
     work = Path(tempfile.mkdtemp(prefix="pgqueue-binder-"))
     user = NotebookUser(entry.pw_uid, entry.pw_gid, entry.pw_name, work, as_root)
-    cache = Path(str(PIP_CACHE).format(uid=user.uid))
-    cache.mkdir(mode=0o700, exist_ok=True)
+    user.pip_cache.mkdir(mode=0o700, exist_ok=True)
     if as_root:
         os.chown(work, user.uid, user.gid)
-        os.chown(cache, user.uid, user.gid)
+        os.chown(user.pip_cache, user.uid, user.gid)
     try:
         yield user
     finally:
