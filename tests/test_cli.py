@@ -58,6 +58,7 @@ def user_error(result: subprocess.CompletedProcess[str], code: int) -> str:
 
 
 def job_rows(dsn: str) -> list[tuple]:
+    """(queue, payload, status) of every job, in id order."""
     return rows(dsn, "SELECT queue, payload, status FROM jobs ORDER BY id")
 
 
@@ -255,6 +256,7 @@ def test_usage_errors_exit_2(args: tuple[str, ...]) -> None:
 
 
 def _commands() -> list[str]:
+    """Every subcommand the parser knows, plugins included."""
     parser = build_parser()
     [sub] = [a for a in parser._actions if a.dest == "command"]
     return sorted(sub.choices)  # type: ignore[arg-type]

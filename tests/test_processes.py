@@ -44,9 +44,11 @@ class WorkerProcess:
 
     @property
     def pid(self) -> int:
+        """The worker process's id."""
         return self.proc.pid
 
     def signal(self, sig: int) -> None:
+        """Send ``sig`` to the worker process."""
         os.kill(self.pid, sig)
 
     def terminate(self, timeout: float = 15.0) -> int:
@@ -57,15 +59,18 @@ class WorkerProcess:
         return self.proc.wait(timeout)
 
     def kill(self) -> None:
+        """SIGKILL the worker if it still runs (cleanup), and reap it."""
         if self.proc.poll() is None:
             self.signal(signal.SIGCONT)
             self.signal(signal.SIGKILL)
         self.proc.wait(10)
 
     def stdout(self) -> str:
+        """Everything the worker printed so far."""
         return self.out.read_text()
 
     def stderr(self) -> str:
+        """Everything the worker logged so far."""
         return self.err.read_text()
 
 
@@ -101,6 +106,7 @@ def wait_for(
 
 
 def job_state(dsn: str) -> list[tuple]:
+    """(status, fence) of every job."""
     return rows(dsn, "SELECT status, fence FROM jobs")
 
 
@@ -155,6 +161,7 @@ def test_sigkilled_worker_job_is_finished_by_another(dsn: str, spawn: Spawn) -> 
 
 
 def _listeners(dsn: str) -> int:
+    """How many worker sessions issued LISTEN on this database."""
     return rows(
         dsn,
         "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pgqueue worker%' "
@@ -163,6 +170,7 @@ def _listeners(dsn: str) -> int:
 
 
 def _done(dsn: str) -> int:
+    """How many jobs are done (-1 while the server is down)."""
     try:
         return rows(dsn, "SELECT count(*) FROM jobs WHERE status = 'done'")[0][0]
     except psycopg.OperationalError:  # the server is restarting

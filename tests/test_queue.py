@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
 import psycopg
@@ -63,6 +64,7 @@ def execute(dsn: str, query: str, params: object = None) -> int:
 
 
 def count_jobs(dsn: str) -> int:
+    """How many jobs the table holds, seen from a fresh connection."""
     return rows(dsn, "SELECT count(*) FROM jobs")[0][0]
 
 
@@ -81,6 +83,7 @@ def make_runnable(dsn: str, *ids: int) -> None:
 
 
 def assert_fence_is_attempts(dsn: str) -> None:
+    """Invariant 1: every claim raised fence and attempts together, on every row."""
     bad = rows(dsn, "SELECT id, fence, attempts FROM jobs WHERE fence <> attempts")
     assert bad == [], f"fence must equal attempts on every row: {bad}"
 
@@ -176,6 +179,7 @@ def test_enqueue_many_is_all_or_none_in_the_database(queue: Queue, dsn: str) -> 
 
 
 def _notifications(listener: psycopg.Connection) -> list[str]:
+    """The payloads of the notifications that arrive within half a second."""
     return [n.payload for n in listener.notifies(timeout=0.5)]
 
 
@@ -570,7 +574,8 @@ def test_concurrent_installs_are_safe(empty_dsn: str) -> None:
 
 # -- fenced writes to other tables ------------------------------------------------------
 @pytest.fixture
-def reports(dsn: str) -> psycopg.Connection:
+def reports(dsn: str) -> Iterator[psycopg.Connection]:
+    """A side table with a fence column, and a connection to write to it."""
     conn = psycopg.connect(dsn, autocommit=True)
     conn.execute("CREATE TABLE reports (id int PRIMARY KEY, body text, fence bigint NOT NULL)")
     yield conn
@@ -578,6 +583,7 @@ def reports(dsn: str) -> psycopg.Connection:
 
 
 def report(conn: psycopg.Connection, report_id: int = 1) -> tuple | None:
+    """The (body, fence) stored for one report, or None."""
     return conn.execute("SELECT body, fence FROM reports WHERE id = %s", [report_id]).fetchone()
 
 
@@ -643,10 +649,11 @@ def test_fenced_write_bad_input(reports: psycopg.Connection, key: dict, values: 
 
 # -- bad input: a one-line message, nothing written --------------------------------------
 class Unserialisable:
-    pass
+    """An object json.dumps cannot encode."""
 
 
 def one_line(exc: pytest.ExceptionInfo) -> str:
+    """The exception's message, asserted to be a single non-empty line."""
     text = str(exc.value)
     assert text and "\n" not in text, repr(text)
     return text

@@ -30,10 +30,12 @@ def wait_for(check: Callable[[], Any], timeout: float = 15.0, what: str = "condi
 
 
 def statuses(dsn: str) -> dict[str, int]:
+    """Job counts by status."""
     return dict(rows(dsn, "SELECT status, count(*) FROM jobs GROUP BY status"))
 
 
 def all_done(dsn: str, total: int) -> Callable[[], bool]:
+    """A check that every one of ``total`` jobs is done."""
     return lambda: statuses(dsn) == {"done": total}
 
 
@@ -60,7 +62,7 @@ def make_worker(dsn: str) -> Iterator[MakeWorker]:
 
 
 def noop(job: Job) -> None:
-    pass
+    """Do nothing: the job completes at once."""
 
 
 def test_workers_drain_a_queue_each_job_done_once_by_its_last_fence_holder(
@@ -202,6 +204,7 @@ def test_crashed_worker_job_comes_back_via_the_reaper(
 
 
 def _listening(dsn: str, name: str) -> bool:
+    """Whether worker ``name`` has a session that issued LISTEN on this database."""
     return bool(
         rows(
             dsn,
