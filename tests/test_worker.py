@@ -184,6 +184,37 @@ def test_paused_worker_replays_the_seed_story(
     assert (a.done, a.rejected, b.done, b.rejected) == (0, 1, 1, 0)
 
 
+def test_a_lost_heartbeat_tells_the_handler_and_its_result_is_discarded(
+    queue: Queue, dsn: str, make_worker: MakeWorker
+) -> None:
+    job_id = queue.enqueue({}, queue="q")
+    noticed = threading.Event()
+
+    def long_job(job: Job) -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if job.lost:
+                noticed.set()
+            job.raise_if_lost()  # the check a long handler makes between steps
+            time.sleep(0.05)
+
+    worker = make_worker(long_job, name="W", lease=0.6, reap_interval=60.0).start()
+    wait_for(lambda: worker.events.count("heartbeat"), what="a first heartbeat")
+    # Someone else takes the job over, as a reaper and a second worker would; in one
+    # transaction, so the worker's next heartbeat waits for it and then finds fence 2.
+    with queue.conn.transaction():
+        queue.conn.execute("UPDATE jobs SET lease_until = now() - interval '1 s'")
+        assert [r.id for r in queue.reap()] == [job_id]
+        [thief] = queue.claim("q", lease=60)
+    wait_for(lambda: worker.events.count("fail-rejected"), what="the discarded result")
+    assert noticed.is_set()
+    [lost] = worker.events.events("lease-lost")
+    assert (lost.job_id, lost.fence) == (job_id, 1)
+    assert worker.events.count("fail") == 0  # nothing the stale holder wrote took effect
+    assert rows(dsn, "SELECT status, fence, last_error FROM jobs") == [("running", 2, None)]
+    assert queue.complete(thief)
+
+
 def test_crashed_worker_job_comes_back_via_the_reaper(
     queue: Queue, dsn: str, make_worker: MakeWorker
 ) -> None:
