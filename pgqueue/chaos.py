@@ -740,7 +740,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=None, help="jobs (N); default fills the run")
     parser.add_argument("--lease", type=float, default=2.0, help="the workers' lease, seconds")
     parser.add_argument(
-        "--dsn", help="use this database (no restart fault) instead of a throwaway embedded server"
+        "--dsn",
+        help="use this database instead of a throwaway embedded server: no restart fault; "
+        "it keeps a chaos-SEED-... queue and the chaos_* tables afterwards",
     )
     parser.add_argument("--log-dir", type=Path, help="keep the worker logs here")
     try:
