@@ -275,15 +275,15 @@ class _Run:
         """The controller's own session, reopened after a restart or a cut."""
         if self.conn is not None and not self.conn.closed and not self.conn.broken:
             return self.conn
-        for attempt in range(50):
+        deadline = time.monotonic() + 10  # a restart takes a second or two
+        while True:
             try:
                 self.conn = connect(self.dsn, application_name="pgqueue chaos")
                 return self.conn
             except PgQueueError:
-                if attempt == 49:
+                if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
-        raise AssertionError("unreachable")
 
     def sql(self, query: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Run one statement, retrying once on a fresh session if the old one was cut."""
@@ -294,6 +294,8 @@ class _Run:
             except psycopg.OperationalError:
                 if attempt == 2:
                     raise
+                if self.conn is not None:
+                    self.conn.close()
                 self.conn = None
         return []
 
