@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import psycopg
@@ -45,6 +46,19 @@ def drop_database(name: str, dsn: str | None = None) -> None:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
         )
+
+
+@contextmanager
+def scratch_database(name: str, dsn: str | None = None) -> Iterator[str]:
+    """A fresh database ``name`` with the schema for one ``with`` block; dropped afterwards.
+
+    For experiments re-run from a widget after the notebook's own database is gone.
+    """
+    target = fresh_database(name, dsn)
+    try:
+        yield target
+    finally:
+        drop_database(name, dsn)
 
 
 # -- counterfactuals: what goes wrong without the seed's safeguards ---------------------
@@ -294,6 +308,7 @@ __all__ = [
     "fresh_database",
     "lease_trial",
     "race",
+    "scratch_database",
     "wait_for",
     "write_report_ignoring_fence",
 ]
