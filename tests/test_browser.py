@@ -152,21 +152,34 @@ def _stop(lab: Lab, server: subprocess.Popen) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.pid, signal.SIGKILL)
         server.wait(timeout=10)
-    for pid in kernels:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    for pid, started in kernels.items():
+        if _start_time(pid) == started:  # still that kernel, not a reused process id
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
-def _children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (from /proc; no extra dependency)."""
-    found = []
+def _children(pid: int) -> dict[int, str]:
+    """Direct children of ``pid``, with their start times (from /proc; no extra dependency)."""
+    found = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            # "pid (comm) state ppid ...": comm may hold spaces, so split after ")".
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid:
-                found.append(int(stat.parent.name))
+        fields = _stat_fields(stat)
+        if fields and int(fields[1]) == pid:
+            found[int(stat.parent.name)] = fields[19]
     return found
+
+
+def _start_time(pid: int) -> str | None:
+    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
+    return fields[19] if fields else None
+
+
+def _stat_fields(stat: Path) -> list[str] | None:
+    """Fields 3.. of /proc/PID/stat (state, ppid, ...; index 19 is the start time)."""
+    try:
+        # "pid (comm) state ppid ...": comm may hold spaces, so split after the last ")".
+        return stat.read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
 
 
 # JavaScript run in the page, against JupyterLab's application object.
