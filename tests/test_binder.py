@@ -139,7 +139,7 @@ class NotebookUser:
         return {"user": self.uid, "group": self.gid, "extra_groups": []}
 
     def run(self, step: str, *cmd: str | Path, timeout: float) -> str:
-        """Run ``cmd`` as the notebook user in its home; fail the test with its output."""
+        """Run ``cmd`` as the notebook user in its home; its output, or fail the test with it."""
         started = time.monotonic()
         try:
             result = subprocess.run(
@@ -161,7 +161,7 @@ class NotebookUser:
                 f"{step} failed (exit {result.returncode}) after {took:.0f} s\n"
                 f"--- stdout ---\n{_tail(result.stdout)}\n--- stderr ---\n{_tail(result.stderr)}"
             )
-        return result.stdout
+        return result.stdout + result.stderr
 
 
 def _tail(text: str | bytes | None, lines: int = 60) -> str:
@@ -271,6 +271,10 @@ def test_simulated_binder_build_runs_the_notebooks(notebook_user: NotebookUser) 
     # The checker, without dependencies: anything missing from binder/ shows in pip check.
     user.run("pip install checker", pip, "install", "--no-deps", *CHECKER, timeout=240)
     user.run("pip check", pip, "check", timeout=60)
+    # The widget manager for JupyterLab: without it, interact controls show up as text.
+    jupyter = user.venv / "bin" / "jupyter"
+    extensions = user.run("labextension list", jupyter, "labextension", "list", timeout=120)
+    assert re.search(r"@jupyter-widgets/jupyterlab-manager .*enabled", extensions), extensions
 
     # Launch: binder/start wraps the command, as repo2docker's entrypoint does. No
     # PGQUEUE_HOME: the notebooks use the per-user server that postBuild prepared.
@@ -282,5 +286,5 @@ def test_simulated_binder_build_runs_the_notebooks(notebook_user: NotebookUser) 
         timeout=300,
     )  # fmt: skip
     status = user.run("pgqueue server status", pgqueue, "server", "status", timeout=60)
-    assert status.startswith("running"), status
+    assert status.startswith("running:"), status
     assert (data / "postmaster.pid").stat().st_uid == user.uid, "server must run as the user"
