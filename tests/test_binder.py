@@ -250,8 +250,6 @@ def _venv_python(user: NotebookUser) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_simulated_binder_build_runs_the_notebooks(notebook_user: NotebookUser) -> None:
-    if not list((ROOT / "notebooks").glob("*.ipynb")):
-        pytest.skip("no notebooks committed yet: nothing for a Binder launch to open")
     missing = [name for name in NOTEBOOKS if not (ROOT / name).is_file()]
     assert not missing, f"the Binder check runs {NOTEBOOKS}; missing: {missing}"
     user = notebook_user
