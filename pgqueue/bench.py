@@ -41,7 +41,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
 
 from . import statements
@@ -941,7 +941,8 @@ PEER_SETTINGS = {
     "procrastinate": "PsycopgConnector (async pool), async no-op task, "
     "run_worker_async(concurrency=4, wait=False, listen_notify=False, delete_jobs=never); "
     "enqueue: defer_async per job, batch_defer_async(chunk)",
-    "pgqueuer": "PsycopgDriver (asyncpg not installed), async no-op entrypoint, "
+    "pgqueuer": "AsyncpgDriver (its recommended driver; PsycopgDriver if asyncpg is missing), "
+    "one connection, async no-op entrypoint, "
     "QueueManager.run(batch_size=10, mode=drain), other settings default; "
     "enqueue: Queries.enqueue per job, Queries.enqueue(lists of chunk)",
 }
@@ -1007,7 +1008,6 @@ def _peer_pgqueuer(dsn: str, operation: str, n: int, chunk: int) -> float:
     import asyncio
     import logging
 
-    from pgqueuer.adapters.drivers.psycopg import PsycopgDriver
     from pgqueuer.core.qm import QueueManager
     from pgqueuer.domain.types import QueueExecutionMode
     from pgqueuer.queries import Queries
@@ -1021,9 +1021,8 @@ def _peer_pgqueuer(dsn: str, operation: str, n: int, chunk: int) -> float:
 
     async def run() -> float:
         conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-        async with conn:
+        async with conn, _pgqueuer_driver(dsn) as driver:
             await conn.execute("TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics")
-            driver = PsycopgDriver(conn)
             queries = Queries(driver)
             if operation == "drain":
                 await enqueue(queries, n, 1000)
@@ -1050,6 +1049,33 @@ def _peer_pgqueuer(dsn: str, operation: str, n: int, chunk: int) -> float:
         return n / elapsed
 
     return asyncio.run(run())
+
+
+@contextlib.asynccontextmanager
+async def _pgqueuer_driver(dsn: str) -> Any:
+    """pgqueuer's asyncpg driver on its own connection (psycopg's if asyncpg is missing)."""
+    try:
+        import asyncpg
+        from pgqueuer.adapters.drivers.asyncpg import AsyncpgDriver
+    except ImportError:
+        from pgqueuer.adapters.drivers.psycopg import PsycopgDriver
+
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        async with conn:
+            yield PsycopgDriver(conn)
+        return
+    params = conninfo_to_dict(dsn)
+    conn = await asyncpg.connect(
+        host=params.get("host"),
+        port=int(params.get("port", 5432)),
+        user=params.get("user"),
+        password=params.get("password"),
+        database=params.get("dbname"),
+    )
+    try:
+        yield AsyncpgDriver(conn)
+    finally:
+        await conn.close()
 
 
 def _install_peer(system: str, dsn: str) -> None:
