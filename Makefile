@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test course demo lint format clean
+.PHONY: setup test test-fast course demo soak lint format clean
 
 setup: $(STAMP)
 
@@ -17,6 +17,14 @@ $(STAMP): pyproject.toml
 ## make test: library tests, fault tests and every notebook (nbval), on a throwaway server
 test: setup
 	$(PY) -m pytest --nbval --nbval-sanitize-with notebooks/sanitize.cfg tests notebooks
+
+## make test-fast: the library tests without the slow process, fault, Binder and browser ones
+test-fast: setup
+	$(PY) -m pytest -m "not slow and not browser and not binder" tests
+
+## make soak: ten minutes of real workers under kills, pauses, cut sessions and a restart
+soak: setup
+	$(VENV)/bin/pgqueue chaos --duration 600
 
 ## make course: open the notebooks in JupyterLab
 course: setup
