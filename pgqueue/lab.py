@@ -249,9 +249,10 @@ def lease_trial(
     work: float = 0.6,
     queue: str = "lease-trial",
 ) -> LeaseTrial:
-    """Try one lease length: (1) worker A runs ``jobs`` healthy jobs of ``work`` seconds and
+    """Try one lease length: (1) worker A claims ``jobs`` healthy jobs of ``work`` seconds and
     freezes ``freeze`` seconds (a GC pause) while a rival B reaps and claims: count the jobs
-    B took over; (2) A crashes right after a claim: time until B claims that job."""
+    B took over (A's refused completes); (2) A crashes right after a claim: time until B
+    claims that job."""
     common: dict[str, Any] = {
         "queue": queue,
         "dsn": dsn,
@@ -270,11 +271,12 @@ def lease_trial(
     a.start()
     try:
         wait_for(frozen, "claim", jobs)
+        b.start()  # B is up and reaping before A freezes, so only the lease decides
         time.sleep(work / 6)
         a.pause(freeze)
-        b.start()
-        wait_for(frozen, "complete", jobs, timeout=10 * (work + freeze + lease))
-        time.sleep(0.05)  # let A's refused completes land in the log
+        timeout = 10 * (work + freeze + lease)
+        wait_for(frozen, "complete", jobs, timeout=timeout)  # every job done by someone
+        wait_for(frozen, lambda e: e.worker.split(".")[0] == "A" and "complete" in e.kind, jobs)
     finally:
         a.stop(grace=freeze + work + 1)
         b.stop(grace=work + 1)
