@@ -13,6 +13,9 @@ import psycopg
 from .errors import LeaseLost
 from .fencing import fenced_write
 
+# Guards the lazy creation of ``Job.lost_event`` against a concurrent ``mark_lost``.
+_LOST_LOCK = threading.Lock()
+
 
 @dataclass
 class Job:
@@ -25,19 +28,35 @@ class Job:
     attempts: int
     max_attempts: int
     lease_until: datetime | None
-    lost_event: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     # Set by whoever claimed the job: the connection to write with, and an event recorder.
     conn: psycopg.Connection | None = field(default=None, repr=False, compare=False)
     on_event: Callable[[str, Job], None] | None = field(default=None, repr=False, compare=False)
+    # A plain flag, and a threading.Event made only if someone asks for one: building an
+    # Event per claimed job was the largest client cost of a Worker draining small jobs.
+    _lost: bool = field(default=False, init=False, repr=False, compare=False)
+    _lost_event: threading.Event | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def lost(self) -> bool:
         """True once a heartbeat or write found that someone else holds the job now."""
-        return self.lost_event.is_set()
+        return self._lost
+
+    @property
+    def lost_event(self) -> threading.Event:
+        """A ``threading.Event`` set when the job is lost, for handlers that wait on it."""
+        with _LOST_LOCK:
+            if self._lost_event is None:
+                self._lost_event = threading.Event()
+                if self._lost:
+                    self._lost_event.set()
+            return self._lost_event
 
     def mark_lost(self) -> None:
         """Record that this holder's fence is stale (set by the worker, read by handlers)."""
-        self.lost_event.set()
+        with _LOST_LOCK:
+            self._lost = True
+            if self._lost_event is not None:
+                self._lost_event.set()
 
     def raise_if_lost(self) -> None:
         """Raise ``LeaseLost`` if the job was taken over; call it between steps of long work."""
