@@ -12,6 +12,13 @@ points them at another server (the user must be allowed to create databases).
 The machine is assumed shared and noisy: configurations are interleaved, each one is
 repeated, and results carry the median with the min-max spread. Ratios between systems
 are taken within one repetition, then their median is reported.
+
+From a notebook::
+
+    from pgqueue import bench
+    with bench.bench_server() as b:          # or bench.Bench(admin_dsn)
+        rows = bench.bench_polling(b, intervals=[0.1, 1.0])
+    print(bench.table(rows))
 """
 
 from __future__ import annotations
