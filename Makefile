@@ -35,12 +35,12 @@ demo: setup
 	$(VENV)/bin/pgqueue demo
 
 lint: setup
-	$(VENV)/bin/ruff check pgqueue tests
-	$(VENV)/bin/ruff format --check pgqueue tests
+	$(VENV)/bin/ruff check pgqueue tests notebooks
+	$(VENV)/bin/ruff format --check pgqueue tests notebooks
 
 format: setup
-	$(VENV)/bin/ruff format pgqueue tests
-	$(VENV)/bin/ruff check --fix pgqueue tests
+	$(VENV)/bin/ruff format pgqueue tests notebooks
+	$(VENV)/bin/ruff check --fix pgqueue tests notebooks
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
