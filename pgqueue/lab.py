@@ -112,7 +112,7 @@ def claim_without_lock(
 ) -> list[Job]:
     """NEVER USE: claim by reading ready ids, then (``window`` seconds later) marking them
     running, with no row lock. Two workers that read in the same window get the same job."""
-    return _claim_in_two_steps(conn, "no-lock", queue, limit=limit, hold=window, lease=lease)[0]
+    return _claim_in_two_steps(conn, "no-lock", queue, limit=limit, hold=window, lease=lease)
 
 
 def claim_without_skip_locked(
@@ -125,9 +125,7 @@ def claim_without_skip_locked(
 ) -> list[Job]:
     """NEVER USE: claim with ``FOR UPDATE`` but no ``SKIP LOCKED``, keeping the transaction
     open ``hold`` seconds. Correct, but every other claimer queues behind the locked rows."""
-    return _claim_in_two_steps(conn, "no-skip-locked", queue, limit=limit, hold=hold, lease=lease)[
-        0
-    ]
+    return _claim_in_two_steps(conn, "no-skip-locked", queue, limit=limit, hold=hold, lease=lease)
 
 
 def complete_ignoring_fence(conn: psycopg.Connection, job: Job) -> bool:
