@@ -1394,6 +1394,8 @@ def figures(out: Path | str = "data") -> list[Path]:
                 *zip(*limit, strict=True), "k:", marker="s", label="pgbench, same SQL, 4 clients"
             )
         ax.set_xscale("log")
+        batches = sorted({int(r["batch"]) for r in rows})
+        ax.set_xticks(batches, [str(b) for b in batches])
         ax.set_xlabel("jobs per claim (batch)")
         ax.set_ylabel("jobs drained per second (median, min-max)")
         ax.set_title("Draining no-op jobs: pgqueue's Worker against the pgbench limit")
