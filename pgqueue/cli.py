@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         # such as --help (bpo-17050), so this parser treats no argument as an option.
         p = sub.add_parser(name, help=doc, description=doc, add_help=False, prefix_chars="\0")
         p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=lambda a, module=module: _plugin(module, a.rest))
+        p.set_defaults(func=lambda a, module=module: _plugin(module, a.rest, a.dsn))
     return parser
 
 
@@ -111,7 +111,9 @@ PLUGINS: dict[str, tuple[str, str]] = {
 }
 
 
-def _plugin(module: str, rest: list[str]) -> int:
+def _plugin(module: str, rest: list[str], dsn: str | None) -> int:
+    if dsn and "--dsn" not in rest:  # `pgqueue --dsn X bench` means the same as `bench --dsn X`
+        rest = ["--dsn", dsn, *rest]
     return int(importlib.import_module(module).main(rest) or 0)
 
 
