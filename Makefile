@@ -28,7 +28,7 @@ soak: setup
 
 ## make course: open the notebooks in JupyterLab
 course: setup
-	$(VENV)/bin/jupyter lab notebooks/01-the-table.ipynb
+	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/01-the-table.ipynb
 
 ## make demo: the paused-worker story in the terminal
 demo: setup
