@@ -274,6 +274,9 @@ class NullEventLog(EventLog):
     ) -> None:
         """Drop the event."""
 
+    def record_many(self, rows: Iterable[tuple[str, str, int | None, int | None, str]]) -> None:
+        """Drop the events."""
+
 
 def prefill(dsn: str, n: int, *, queue: str = QUEUE) -> None:
     """Empty the jobs table and fill it with ``n`` ready no-op jobs (server-side, fast)."""

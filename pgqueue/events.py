@@ -2,7 +2,8 @@
 
 Kinds: claim, heartbeat, lease-lost, complete, complete-rejected, fail, fail-rejected,
 release, reap, fenced-write, fenced-write-rejected, pause, resume, crash.
-Appending is one tuple under a lock; ``to_frame()`` turns the record into pandas.
+Appending is one tuple under a lock (a batch: one lock and one timestamp for all of it);
+``to_frame()`` turns the record into pandas.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -48,6 +50,14 @@ class EventLog:
         event = Event(time.time(), kind, worker, job_id, fence, detail)
         with self._lock:
             self._events.append(event)
+
+    def record_many(self, rows: Iterable[tuple[str, str, int | None, int | None, str]]) -> None:
+        """Add several events, each ``(kind, worker, job_id, fence, detail)``, stamped with
+        one time: what happened to a whole claimed batch happened in one round trip."""
+        t = time.time()
+        events = [Event(t, *row) for row in rows]
+        with self._lock:
+            self._events.extend(events)
 
     def events(self, kind: str | None = None) -> list[Event]:
         """A copy of the events so far, optionally of one kind."""

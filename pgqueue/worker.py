@@ -12,6 +12,7 @@ Lost connections are reopened with backoff (and LISTEN re-issued).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import random
 import signal
@@ -242,7 +243,7 @@ class Worker:
     def _lane(self, index: int) -> str:
         return self.name if self.concurrency == 1 else f"{self.name}.{index}"
 
-    def _record(self, kind: str, job: Job, lane: str, detail: str = "") -> None:
+    def _record(self, lane: str, kind: str, job: Job, detail: str = "") -> None:
         self.events.record(kind, lane, job.id, job.fence, detail)
 
     def _work(self, lane: str) -> None:
@@ -283,12 +284,14 @@ class Worker:
             link.drop()
 
     def _take(self, jobs: list[Job], lane: str) -> None:
+        # Per batch, not per job: one lock, one recorder shared by the batch, one record call.
         with self._lock:
             for job in jobs:
                 self._in_flight[job.id] = (job, lane)
+        on_event = functools.partial(self._record, lane)
         for job in jobs:
-            job.on_event = lambda kind, j, lane=lane: self._record(kind, j, lane)
-            self._record("claim", job, lane, detail=str(job.attempts))
+            job.on_event = on_event
+        self.events.record_many(("claim", lane, j.id, j.fence, str(j.attempts)) for j in jobs)
 
     def _run_batch(self, link: _Link, jobs: list[Job], lane: str) -> None:
         succeeded: list[Job] = []
@@ -338,7 +341,7 @@ class Worker:
                 time.sleep(0.05 * 2**attempt)
         else:
             ok = False  # give up: the lease expires and the reaper returns the job
-        self._settle(job, lane, action, ok, error)
+        self._settle([job], lane, action, refused=set() if ok else {job.id}, error=error)
 
     def _finish_many(self, link: _Link, jobs: list[Job], lane: str) -> None:
         with self._lock:
@@ -350,24 +353,35 @@ class Worker:
             for job in jobs:
                 self._finish(link, job, lane, "complete")
             return
-        for job in jobs:
-            self._settle(job, lane, "complete", job.id not in rejected)
+        self._settle(jobs, lane, "complete", refused=rejected)
 
-    def _settle(self, job: Job, lane: str, action: str, ok: bool, error: str = "") -> None:
+    def _settle(
+        self, jobs: list[Job], lane: str, action: str, refused: set[int], error: str = ""
+    ) -> None:
+        """Forget finished ``jobs`` (the ids in ``refused`` were late), count them and record
+        how each ended: one lock and one record call for the batch."""
         with self._lock:
-            self._in_flight.pop(job.id, None)
-            self._finishing.discard(job.id)
-            if not ok:
-                self.rejected += 1
-            elif action == "complete":
-                self.done += 1
-        if ok:
-            self._record(action, job, lane, error)
-        else:
-            self._record(f"{action}-rejected", job, lane)
-            log.warning(
-                "%s: late %s of job %s refused: fence %s is stale", lane, action, job.id, job.fence
-            )
+            for job in jobs:
+                self._in_flight.pop(job.id, None)
+                self._finishing.discard(job.id)
+            self.rejected += len(refused)
+            if action == "complete":
+                self.done += len(jobs) - len(refused)
+        self.events.record_many(
+            (f"{action}-rejected", lane, j.id, j.fence, "")
+            if j.id in refused
+            else (action, lane, j.id, j.fence, error)
+            for j in jobs
+        )
+        for job in jobs:
+            if job.id in refused:
+                log.warning(
+                    "%s: late %s of job %s refused: fence %s is stale",
+                    lane,
+                    action,
+                    job.id,
+                    job.fence,
+                )
 
     def _sleep_while_paused(self) -> None:
         while (left := self._paused_until - time.monotonic()) > 0:
@@ -420,10 +434,10 @@ class Worker:
             if job.id in ended:
                 continue
             if job.id in lost:
-                self._record("lease-lost", job, lane)
+                self._record(lane, "lease-lost", job)
                 log.warning("%s: lost the lease on job %s (fence %s)", lane, job.id, job.fence)
             else:
-                self._record("heartbeat", job, lane)
+                self._record(lane, "heartbeat", job)
 
     def _reap(self, queue: Queue) -> None:
         reaped = queue.reap()

@@ -311,6 +311,23 @@ def test_complete_in_batches_uses_one_statement_per_batch(
     # Rows completed by one statement share its transaction id.
     assert rows(dsn, "SELECT count(DISTINCT xmin::text) FROM jobs") == [(4,)]
     assert worker.events.count("complete") == 20 and worker.done == 20
+    # Each batch's claims, and its completions, are recorded together: one time per batch.
+    for kind in ("claim", "complete"):
+        assert len({e.t for e in worker.events.events(kind)}) == 4
+
+
+def test_record_many_adds_events_in_order_with_one_time() -> None:
+    log = EventLog()
+    log.record("pause", "w")
+    log.record_many([("claim", "w.0", 1, 1, "1"), ("claim", "w.0", 2, 3, "3")])
+    log.record_many([])
+    pause, *claims = log.events()
+    assert [(e.kind, e.job_id, e.fence, e.detail) for e in claims] == [
+        ("claim", 1, 1, "1"),
+        ("claim", 2, 3, "3"),
+    ]
+    assert pause.t <= claims[0].t == claims[1].t
+    assert len(log) == 3
 
 
 def test_burst_worker_exits_when_the_queue_is_empty(
