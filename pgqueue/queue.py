@@ -24,6 +24,8 @@ MAX_LEASE = 7 * 24 * 3600.0  # seconds; longer leases are a mistake, not a choic
 MAX_BACKOFF = 24 * 3600.0  # seconds; the retry delay stops doubling here (see sql/queries.sql)
 MAX_ATTEMPTS = 1_000_000  # keeps attempts and max_attempts far inside the int column
 MAX_AGE = 100 * 365 * 86400.0  # seconds; prune's older_than beyond this overflows timestamps
+# One encoder for every payload: json.dumps with options builds a new one per call.
+_JSON = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
 
 
 class Reaped(NamedTuple):
@@ -287,14 +289,16 @@ def _jsonb(payload: object, *, index: int | None = None) -> Jsonb:
     if not isinstance(payload, dict):
         raise BadInput(f"{where} must be a JSON object (a dict), got {type(payload).__name__}")
     try:
-        text = json.dumps(payload, allow_nan=False, ensure_ascii=False)
+        text = _JSON.encode(payload)
     except (TypeError, ValueError, RecursionError) as exc:
         raise BadInput(f"{where} is not JSON-serialisable: {exc}") from None
     if "\\u0000" in text:
         raise BadInput(f"{where} contains a NUL character (\\u0000), which jsonb cannot store")
-    if not _is_utf8(text):
-        raise BadInput(f"{where} contains text that is not valid UTF-8 (lone surrogates)")
-    return Jsonb(payload, dumps=lambda _: text)
+    try:
+        data = text.encode("utf-8")  # encoded once: the driver sends these bytes as they are
+    except UnicodeEncodeError:
+        raise BadInput(f"{where} contains text that is not valid UTF-8 (lone surrogates)") from None
+    return Jsonb(payload, dumps=lambda _: data)
 
 
 def _held(jobs: Sequence[Job]) -> dict[str, list[int]]:
