@@ -24,6 +24,7 @@ MAX_LEASE = 7 * 24 * 3600.0  # seconds; longer leases are a mistake, not a choic
 MAX_BACKOFF = 24 * 3600.0  # seconds; the retry delay stops doubling here (see sql/queries.sql)
 MAX_ATTEMPTS = 1_000_000  # keeps attempts and max_attempts far inside the int column
 MAX_AGE = 100 * 365 * 86400.0  # seconds; prune's older_than beyond this overflows timestamps
+COPY_FROM = 2_000  # payloads; enqueue_many uses COPY from this many on (INSERT is as fast below)
 # One encoder for every payload: json.dumps with options builds a new one per call.
 _JSON = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
 
@@ -104,12 +105,28 @@ class Queue:
         max_attempts: int = 5,
         conn: psycopg.Connection | None = None,
     ) -> list[int]:
-        """Add many jobs in one statement, all or none; return their ids in order."""
+        """Add many jobs in one write (an INSERT, or a COPY from ``COPY_FROM`` jobs on), all or
+        none; return their ids in order."""
         params = _job_params(queue, delay, run_at, max_attempts)
         params["payloads"] = [_jsonb(p, index=i) for i, p in enumerate(payloads)]
         if not params["payloads"]:
             return []
+        if len(params["payloads"]) >= COPY_FROM:
+            return self._copy_many(params, conn)
         return [int(r[0]) for r in self._run("enqueue_many", params, conn).fetchall()]
+
+    def _copy_many(self, params: dict[str, Any], conn: psycopg.Connection | None) -> list[int]:
+        """``enqueue_many`` for large batches: reserve the ids, then COPY the jobs in."""
+        conn = conn or self.conn
+        payloads = params["payloads"]
+        row = self._run("enqueue_reserve", params | {"n": len(payloads)}, conn).fetchone()
+        assert row is not None
+        ids, run_at = sorted(row[0]), row[1]  # sorted: ids ascend in payload order
+        with conn.cursor().copy(statements.query("enqueue_copy")) as copy:
+            copy.set_types(["bigint", "text", "jsonb", "timestamptz", "integer"])  # its columns
+            for job_id, payload in zip(ids, payloads, strict=True):
+                copy.write_row((job_id, params["queue"], payload, run_at, params["max_attempts"]))
+        return ids
 
     # -- consuming -------------------------------------------------------------------
     def claim(self, queue: str = "default", *, limit: int = 1, lease: float = 30.0) -> list[Job]:

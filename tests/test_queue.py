@@ -25,12 +25,15 @@ from pgqueue import (
     fenced_write,
     statements,
 )
+from pgqueue.queue import COPY_FROM
 
 # Every statement of queries.sql; a new one must get a test here before it is listed.
 TESTED_QUERIES = {
     "check",
     "enqueue",
     "enqueue_many",
+    "enqueue_reserve",
+    "enqueue_copy",
     "claim",
     "heartbeat",
     "heartbeat_many",
@@ -178,6 +181,49 @@ def test_enqueue_many_is_all_or_none_in_the_database(queue: Queue, dsn: str) -> 
     assert count_jobs(dsn) == 0
 
 
+def test_large_enqueue_many_copies_the_jobs_in_with_ids_in_order(queue: Queue, dsn: str) -> None:
+    # enqueue_reserve then enqueue_copy: one COPY statement, so one transaction (one xmin).
+    payloads = [{"n": i} for i in range(COPY_FROM)]
+    ids = queue.enqueue_many(payloads, queue="bulk", max_attempts=3)
+    assert len(ids) == COPY_FROM and ids == sorted(ids)
+    stored = rows(dsn, "SELECT id, payload FROM jobs ORDER BY id")
+    assert [(i, p) for i, p in stored] == list(zip(ids, payloads, strict=True))
+    columns = "SELECT DISTINCT queue, status, attempts, fence, max_attempts FROM jobs"
+    assert rows(dsn, columns) == [("bulk", "ready", 0, 0, 3)]
+    assert rows(dsn, "SELECT count(DISTINCT xmin::text) FROM jobs") == [(1,)]
+    # The sequence moved past the reserved ids: the next job gets a new one.
+    assert queue.enqueue({}, queue="bulk") > ids[-1]
+
+
+def test_large_enqueue_many_honours_delay_and_run_at(queue: Queue, dsn: str) -> None:
+    later = queue.enqueue_many([{}] * COPY_FROM, queue="q", delay=60)
+    [(wait,)] = rows(dsn, "SELECT DISTINCT extract(epoch FROM run_at - now()) FROM jobs")
+    assert 55 < float(wait) <= 60
+    assert queue.claim("q") == []
+    when = datetime(2001, 2, 3, 4, 5, 6, tzinfo=timezone.utc)
+    ids = queue.enqueue_many([{}] * COPY_FROM, queue="q", run_at=when)
+    assert rows(dsn, "SELECT DISTINCT run_at FROM jobs WHERE id = ANY(%s)", [ids]) == [(when,)]
+    assert len(queue.claim("q", limit=10_000)) == COPY_FROM
+    assert set(later).isdisjoint(ids)
+
+
+def test_large_enqueue_many_is_all_or_none(queue: Queue, dsn: str) -> None:
+    payloads = [{"ok": i} for i in range(COPY_FROM)]
+    with pytest.raises(BadInput, match=f"#{COPY_FROM}"):
+        queue.enqueue_many([*payloads, {"n": float("nan")}], queue="q")
+    execute(dsn, "ALTER TABLE jobs ADD CONSTRAINT must_be_ok CHECK (payload ? 'ok')")
+    with pytest.raises(psycopg.errors.CheckViolation):
+        queue.enqueue_many([*payloads, {"bad": 1}, *payloads], queue="q")
+    assert count_jobs(dsn) == 0
+    # In the caller's transaction it commits or rolls back with the caller's data.
+    with psycopg.connect(dsn) as app:
+        queue.enqueue_many(payloads, queue="q", conn=app)
+        app.rollback()
+        with app.transaction():
+            ids = queue.enqueue_many(payloads, queue="q", conn=app)
+    assert sorted(r[0] for r in rows(dsn, "SELECT id FROM jobs")) == ids
+
+
 def _notifications(listener: psycopg.Connection) -> list[str]:
     """The payloads of the notifications that arrive within half a second."""
     return [n.payload for n in listener.notifies(timeout=0.5)]
@@ -187,6 +233,8 @@ def test_enqueue_notifies_once_per_queue_per_transaction(queue: Queue, dsn: str)
     with psycopg.connect(dsn, autocommit=True) as listener:
         listener.execute("LISTEN pgqueue")
         queue.enqueue_many([{"n": i} for i in range(40)], queue="a")
+        assert _notifications(listener) == ["a"]
+        queue.enqueue_many([{"n": i} for i in range(COPY_FROM)], queue="a")  # by COPY
         assert _notifications(listener) == ["a"]
 
         queue.enqueue({}, queue="b")
