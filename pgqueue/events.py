@@ -1,7 +1,8 @@
 """A cheap, thread-safe record of what workers did, for timelines and tests.
 
-Kinds: claim, heartbeat, lease-lost, complete, complete-rejected, fail, fail-rejected,
-release, reap, fenced-write, fenced-write-rejected, pause, resume, crash.
+Kinds: claim, heartbeat, lease-lost, skipped (lost before it started), complete,
+complete-rejected, fail, fail-rejected, release, release-rejected, reap, fenced-write,
+fenced-write-rejected, pause, crash.
 Appending is one tuple under a lock (a batch: one lock and one timestamp for all of it);
 ``to_frame()`` turns the record into pandas.
 """

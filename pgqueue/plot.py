@@ -23,7 +23,15 @@ if TYPE_CHECKING:
 __all__ = ["as_frame", "claims_per_worker", "throughput", "timeline"]
 
 # What ends a worker's hold on a claimed job (rejected endings mean it had lost the job).
-_ENDS = ("complete", "complete-rejected", "fail", "fail-rejected", "release", "release-rejected")
+_ENDS = (
+    "complete",
+    "complete-rejected",
+    "fail",
+    "fail-rejected",
+    "release",
+    "release-rejected",
+    "skipped",
+)
 _REJECTED = ("complete-rejected", "fail-rejected", "release-rejected", "fenced-write-rejected")
 
 # kind -> (legend label, matplotlib marker style)

@@ -302,6 +302,11 @@ class Worker:
                 self._finish(link, job, lane, "release")
                 continue
             self._sleep_while_paused()
+            if job.lost:  # taken over before its turn came: running it would run it twice
+                with self._lock:
+                    self._in_flight.pop(job.id, None)
+                self._record(lane, "skipped", job, "lease lost before it started")
+                continue
             job.conn = link.get().conn
             try:
                 self.handler(job)

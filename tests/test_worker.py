@@ -215,6 +215,39 @@ def test_a_lost_heartbeat_tells_the_handler_and_its_result_is_discarded(
     assert queue.complete(thief)
 
 
+def test_a_batched_job_lost_before_its_turn_is_not_run(
+    queue: Queue, dsn: str, make_worker: MakeWorker
+) -> None:
+    first, second = queue.enqueue_many([{"n": 1}, {"n": 2}], queue="q")
+    ran: list[int] = []
+    release = threading.Event()
+
+    def handler(job: Job) -> None:
+        ran.append(job.id)
+        release.wait(20)  # the first job runs while the second waits its turn
+
+    worker = make_worker(handler, name="W", batch=2, lease=0.6, reap_interval=60.0).start()
+    wait_for(lambda: ran, what="the first job to start")
+    assert ran == [first]
+    # Another worker takes the waiting job over (its lease ran out, the reaper returned it).
+    with queue.conn.transaction():
+        queue.conn.execute(
+            "UPDATE jobs SET lease_until = now() - interval '1 s' WHERE id = %s", [second]
+        )
+        assert [r.id for r in queue.reap()] == [second]
+        [thief] = queue.claim("q", lease=60)
+    wait_for(lambda: worker.events.count("lease-lost"), what="the heartbeat to notice")
+    release.set()
+    wait_for(lambda: worker.events.count("skipped"), what="the lost job to be skipped")
+    assert ran == [first]  # the second job was not run a second time
+    assert worker.events.count("complete") == 1
+    assert rows(dsn, "SELECT id, status, fence FROM jobs ORDER BY id") == [
+        (first, "done", 1),
+        (second, "running", 2),
+    ]
+    assert queue.complete(thief)
+
+
 def test_crashed_worker_job_comes_back_via_the_reaper(
     queue: Queue, dsn: str, make_worker: MakeWorker
 ) -> None:
