@@ -104,14 +104,12 @@ class Worker:
         name: str = "worker",
         events: EventLog | None = None,
     ) -> None:
-        for what, value in (("concurrency", concurrency), ("batch", batch)):
+        for what, value, upper in (("concurrency", concurrency, None), ("batch", batch, 10_000)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise BadInput(f"{what} must be a whole number >= 1, got {value!r}")
-        for what, value in (
-            ("lease", lease),
-            ("poll_interval", poll_interval),
-            ("reap_interval", reap_interval),
-        ):
+            if upper is not None and value > upper:
+                raise BadInput(f"{what} must be a whole number from 1 to {upper}, got {value!r}")
+        for what, value in (("poll_interval", poll_interval), ("reap_interval", reap_interval)):
             if not isinstance(value, int | float) or not 0 < value < 1e6:
                 raise BadInput(f"{what} must be a positive number of seconds, got {value!r}")
         # What the job threads' claims and fails would refuse, refused here instead: a
@@ -119,8 +117,6 @@ class Worker:
         _queue_name(queue)
         _lease(lease)
         _seconds("backoff", backoff, upper=MAX_BACKOFF)
-        if batch > 10_000:
-            raise BadInput(f"batch must be a whole number from 1 to 10000, got {batch!r}")
         self.handler = handler
         self.queue = queue
         self.dsn = resolve_dsn(dsn)
