@@ -106,8 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Commands with options of their own live in their own modules.
 PLUGINS: dict[str, tuple[str, str]] = {
-    "bench": ("pgqueue.bench", "run the benchmarks and write CSV under data/"),
-    "chaos": ("pgqueue.chaos", "run workers under injected faults and check the promises"),
+    "bench": ("pgqueue.tools.bench", "run the benchmarks and write CSV under data/"),
+    "chaos": ("pgqueue.tools.chaos", "run workers under injected faults and check the promises"),
 }
 
 
@@ -255,7 +255,7 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from .demo import run_demo
+    from .course.demo import run_demo
 
     dsn = resolve_dsn(args.dsn)
     logging.getLogger("pgqueue.worker").setLevel(logging.ERROR)  # the story says it all

@@ -32,12 +32,3 @@ def queries() -> dict[str, str]:
 def query(name: str) -> str:
     """One named statement of ``sql/queries.sql``."""
     return queries()[name]
-
-
-@cache
-def counterfactuals() -> dict[str, str]:
-    """The deliberately wrong statements of ``sql/counterfactuals.sql`` (for ``pgqueue.lab``)."""
-    text = (
-        resources.files("pgqueue").joinpath("sql/counterfactuals.sql").read_text(encoding="utf-8")
-    )
-    return parse(text)

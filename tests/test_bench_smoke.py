@@ -1,4 +1,4 @@
-"""Smoke runs of ``pgqueue.bench``: tiny sizes, asserting only sane, non-empty results
+"""Smoke runs of ``pgqueue.tools.bench``: tiny sizes, asserting only sane, non-empty results
 (never timings), so the benchmark code cannot rot."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pgqueue import bench
-from pgqueue.bench import Bench, DrainConfig
+from pgqueue.tools import bench
+from pgqueue.tools.bench import Bench, DrainConfig
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pgqueue import Job, Queue, chaos, fenced_write
+from pgqueue import Job, Queue, fenced_write
+from pgqueue.tools import chaos
 
 PGQUEUE = str(Path(sys.executable).with_name("pgqueue"))
 

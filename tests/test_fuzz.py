@@ -424,9 +424,9 @@ def test_cli_out_of_range_values_exit_2(
     )
 )
 @example(spec="no.such.module:handler")
-@example(spec="pgqueue.chaos:no_such_function")
-@example(spec="pgqueue.chaos:KINDS")  # not callable
-@example(spec="pgqueue.chaos")
+@example(spec="pgqueue.tools.chaos:no_such_function")
+@example(spec="pgqueue.tools.chaos:KINDS")  # not callable
+@example(spec="pgqueue.tools.chaos")
 @example(spec=":handler")
 def test_a_handler_path_that_does_not_import_is_one_usage_error(spec: str) -> None:
     """Never a traceback: a callable, or ``UsageError`` in one line."""

@@ -10,7 +10,8 @@ import psycopg
 import pytest
 
 from conftest import rows
-from pgqueue import EventLog, Queue, Worker, lab, plot
+from pgqueue import EventLog, Queue, Worker
+from pgqueue.course import lab, plot
 
 matplotlib.use("Agg")
 

@@ -15,7 +15,7 @@ are taken within one repetition, then their median is reported.
 
 From a notebook::
 
-    from pgqueue import bench
+    from pgqueue.tools import bench
     with bench.bench_server() as b:          # or bench.Bench(admin_dsn)
         rows = bench.bench_polling(b, intervals=[0.1, 1.0])
     print(bench.table(rows))
@@ -51,14 +51,14 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
 
-from . import statements
-from .db import connect
-from .events import EventLog
-from .job import Job
-from .lab import drop_database, fresh_database
-from .queue import Queue
-from .server import EmbeddedServer, package_bin_dir
-from .worker import Worker
+from ... import statements
+from ...course.lab import drop_database, fresh_database
+from ...db import connect
+from ...events import EventLog
+from ...job import Job
+from ...queue import Queue
+from ...server import EmbeddedServer, package_bin_dir
+from ...worker import Worker
 
 QUEUE = "bench"
 BENCHMARKS = ("drain", "limit", "peers", "polling", "claim", "enqueue")

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .events import EventLog
+from ..events import EventLog
 
 if TYPE_CHECKING:
     import pandas as pd

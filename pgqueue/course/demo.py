@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from .events import EventLog
-from .job import Job
-from .queue import Queue
-from .worker import Worker
+from ..events import EventLog
+from ..job import Job
+from ..queue import Queue
+from ..worker import Worker
 
 QUEUE = "demo"
 

@@ -7,19 +7,28 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import cache
+from importlib import resources
 from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from . import statements
-from .db import connect, resolve_dsn
-from .errors import BadInput
-from .events import Event, EventLog
-from .job import Job
-from .queue import Queue
-from .worker import Worker
+from .. import statements
+from ..db import connect, resolve_dsn
+from ..errors import BadInput
+from ..events import Event, EventLog
+from ..job import Job
+from ..queue import Queue
+from ..worker import Worker
+
+
+@cache
+def counterfactuals() -> dict[str, str]:
+    """The deliberately wrong statements of ``counterfactuals.sql``, by name: never use them."""
+    text = resources.files(__package__).joinpath("counterfactuals.sql").read_text(encoding="utf-8")
+    return statements.parse(text)
 
 
 def fresh_database(name: str, dsn: str | None = None) -> str:
@@ -87,7 +96,7 @@ def _claim_in_two_steps(
     seconds, then mark them running. ``on_selected`` hears how long the select waited."""
     if style not in _SELECTS:
         raise BadInput(f"style must be one of {sorted(_SELECTS)}, got {style!r}")
-    cf = statements.counterfactuals()
+    cf = counterfactuals()
     with conn.transaction():
         asked = time.monotonic()
         rows = conn.execute(cf[_SELECTS[style]], {"queue": queue, "limit": limit}).fetchall()
@@ -131,7 +140,7 @@ def claim_without_skip_locked(
 def complete_ignoring_fence(conn: psycopg.Connection, job: Job) -> bool:
     """NEVER USE: mark ``job`` done by id alone. A stale holder's late complete succeeds
     (returns True) and nobody learns that two workers ran the job."""
-    cur = conn.execute(statements.counterfactuals()["complete_ignoring_fence"], {"id": job.id})
+    cur = conn.execute(counterfactuals()["complete_ignoring_fence"], {"id": job.id})
     return cur.rowcount == 1
 
 
@@ -141,7 +150,7 @@ def write_report_ignoring_fence(job: Job, report_id: int, body: str) -> bool:
     if job.conn is None:
         raise BadInput(f"job {job.id} has no connection to write with; claim it first")
     params = {"id": report_id, "body": body, "fence": job.fence}
-    cur = job.conn.execute(statements.counterfactuals()["write_report_ignoring_fence"], params)
+    cur = job.conn.execute(counterfactuals()["write_report_ignoring_fence"], params)
     if job.on_event:
         job.on_event("unfenced-write", job)
     return cur.rowcount == 1

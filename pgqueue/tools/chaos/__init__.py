@@ -1,6 +1,6 @@
 """``pgqueue chaos``: real worker processes, real faults, and checks from the database alone.
 
-M ``pgqueue worker pgqueue.chaos:handler`` processes work through N jobs. Each job
+M ``pgqueue worker pgqueue.tools.chaos:handler`` processes work through N jobs. Each job
 records that its handler started (``chaos_runs``), sleeps a little, then writes its
 result to ``chaos_results`` with a fenced write. While they run, a seeded schedule
 injects faults: SIGKILL a worker (a replacement starts), SIGSTOP one for longer than
@@ -39,11 +39,11 @@ from typing import Any
 
 import psycopg
 
-from .db import connect, first_line, mask_dsn
-from .errors import BadInput, LeaseLost, PgQueueError
-from .job import Job
-from .queue import Queue
-from .server import EmbeddedServer
+from ...db import connect, first_line, mask_dsn
+from ...errors import BadInput, LeaseLost, PgQueueError
+from ...job import Job
+from ...queue import Queue
+from ...server import EmbeddedServer
 
 WORKER_ENV = "PGQUEUE_CHAOS_WORKER"  # tells the handler which worker process it runs in
 KINDS = ("kill", "stop", "terminate", "restart")
@@ -335,7 +335,7 @@ class _Run:
         return [
             *base,
             "worker",
-            "pgqueue.chaos:handler",
+            "pgqueue.tools.chaos:handler",
             "--queue",
             self.queue,
             "--lease",

@@ -1,0 +1,1 @@
+"""The course's aids, used only by the notebooks: experiments, timelines, the demo."""

@@ -1,0 +1,1 @@
+"""Tools beside the queue: the benchmarks (``pgqueue bench``) and the chaos run."""
