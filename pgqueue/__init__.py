@@ -11,7 +11,14 @@ from __future__ import annotations
 import logging
 
 from .db import connect, mask_dsn, resolve_dsn
-from .errors import BadInput, ConnectError, LeaseLost, NotInstalled, PgQueueError
+from .errors import (
+    BadInput,
+    ConnectError,
+    FenceConflict,
+    LeaseLost,
+    NotInstalled,
+    PgQueueError,
+)
 from .events import Event, EventLog
 from .fencing import fenced_write
 from .job import Job
@@ -32,6 +39,7 @@ __all__ = [
     "EmbeddedServer",
     "Event",
     "EventLog",
+    "FenceConflict",
     "Job",
     "LeaseLost",
     "NotInstalled",

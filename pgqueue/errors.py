@@ -21,3 +21,8 @@ class ConnectError(PgQueueError):
 
 class LeaseLost(PgQueueError):
     """This worker no longer holds the job: its fence is stale. Stop and discard the work."""
+
+
+class FenceConflict(PgQueueError):
+    """A fenced write met a row written by another job: fences of different jobs are not
+    comparable, so nothing was written. Key the row by job, or use one job per row."""

@@ -1,10 +1,19 @@
-"""Fenced writes to tables other than ``jobs``: accept a write only from a newer fence.
+"""Fenced writes to tables other than ``jobs``: refuse a write from an older claim.
 
 The seed's pattern, ``UPDATE reports SET body = $2, fence = $3 WHERE id = $1 AND fence < $3``,
 generalised to any table with a unique key and a ``fence bigint`` column. A write from a
 worker whose fence is older than the one already stored changes nothing, and the caller is
 told so. A fence only protects systems that check it: e-mails or payment calls need
 idempotency keys instead.
+
+A fence counts the claims of one job, so it orders the writes of that job's holders and
+nothing else: fence 2 of job 9 is not newer than fence 1 of job 7. Given ``job_id``, the
+row also stores the job that wrote it; a later write from the same job is accepted when
+its fence is no older (the same claim may write twice), and a write from another job is
+refused loudly (``FenceConflict``) rather than judged by an unrelated number.
+
+Table and column names come from the caller and are composed with
+``psycopg.sql.Identifier`` (quoted, never pasted in); every value is a parameter.
 """
 
 from __future__ import annotations
@@ -15,9 +24,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from .errors import BadInput, LeaseLost
+from .db import first_line
+from .errors import BadInput, FenceConflict, LeaseLost
 
-__all__ = ["LeaseLost", "fenced_write"]
+__all__ = ["FenceConflict", "LeaseLost", "fenced_write"]
 
 
 def fenced_write(
@@ -27,58 +37,112 @@ def fenced_write(
     values: Mapping[str, Any],
     fence: int,
     *,
+    job_id: int | None = None,
     fence_column: str = "fence",
+    job_column: str = "job_id",
     upsert: bool = True,
 ) -> bool:
-    """Write ``values`` to the row of ``table`` identified by ``key`` if ``fence`` is newer
-    than the stored one; return whether the write took effect.
+    """Write ``values`` to the row of ``table`` identified by ``key``, fenced by ``fence``;
+    return whether the write took effect.
+
+    With ``job_id`` (what ``Job.fenced_write`` passes) the table needs a ``job_column``
+    (``bigint``) beside the fence column. The write takes effect if the row is missing
+    (upsert inserts it with the job id and fence) or was written by the same job with a
+    fence no newer than ``fence``: a claim may write its row again. An older fence of the
+    same job is refused (``False``: a stale holder). A row written by another job, or
+    without a job id, raises ``FenceConflict`` and is left as it was: fences of different
+    jobs cannot be compared, so key such rows by job (the job column may be the key).
+
+    Without ``job_id`` (tables with no job column) only a strictly newer fence is
+    accepted: the same claim cannot write a row twice, and fences of different jobs are
+    compared as if they were one counter, which they are not.
 
     With ``upsert`` (the default) a missing row is inserted (``key`` must be a unique key);
-    without it, only an existing row with an older fence is updated, as in the seed.
+    without it, only an existing row is updated, and a missing one is ``False``.
     """
     if not key or not values:
         raise BadInput("fenced_write needs a non-empty key and values")
     if fence_column in key or fence_column in values:
         raise BadInput(f"pass the fence as fence=, not as the column {fence_column!r}")
+    if job_id is not None and job_column in values:
+        raise BadInput(f"pass the job as job_id=, not as the column {job_column!r}")
+    if job_id is not None and job_column in key and key[job_column] != job_id:
+        raise BadInput(f"key {job_column}={key[job_column]!r} is not the writing job {job_id}")
     target = _name(*table.split("."))
-    fence_id = _name(fence_column)
-    params: dict[str, Any] = {f"k{i}": v for i, v in enumerate(key.values())}
-    params |= {f"v{i}": v for i, v in enumerate(values.values())}
-    params["fence"] = fence
+    f, j = _name(fence_column), _name(job_column)
+    key_params = {f"k{i}": v for i, v in enumerate(key.values())}
+    params: dict[str, Any] = key_params | {f"v{i}": v for i, v in enumerate(values.values())}
+    params |= {"fence": fence, "job": job_id}
     keys = [_name(k) for k in key]
     cols = [_name(c) for c in values]
+    match = sql.SQL(" AND ").join(
+        sql.SQL("{} = {}").format(k, sql.Placeholder(f"k{i}")) for i, k in enumerate(keys)
+    )
     if upsert:
+        # The job column is written on insert only (unless it is the key): it never changes.
+        owner = [] if job_id is None or job_column in key else [(j, sql.Placeholder("job"))]
+        accept = "{t}.{f} < EXCLUDED.{f}"
+        if job_id is not None:
+            accept = "{t}.{j} = EXCLUDED.{j} AND {t}.{f} <= EXCLUDED.{f}"
         query = sql.SQL(
             "INSERT INTO {t} ({all_cols}) VALUES ({all_vals}) "
-            "ON CONFLICT ({keys}) DO UPDATE SET {sets} WHERE {t}.{f} < EXCLUDED.{f}"
+            "ON CONFLICT ({keys}) DO UPDATE SET {sets} WHERE " + accept
         ).format(
             t=target,
-            f=fence_id,
-            all_cols=sql.SQL(", ").join([*keys, *cols, fence_id]),
+            f=f,
+            j=j,
+            all_cols=sql.SQL(", ").join([*keys, *cols, *(c for c, _ in owner), f]),
             all_vals=sql.SQL(", ").join(
                 [sql.Placeholder(f"k{i}") for i in range(len(keys))]
                 + [sql.Placeholder(f"v{i}") for i in range(len(cols))]
+                + [p for _, p in owner]
                 + [sql.Placeholder("fence")]
             ),
             keys=sql.SQL(", ").join(keys),
             sets=sql.SQL(", ").join(
-                [sql.SQL("{c} = EXCLUDED.{c}").format(c=c) for c in [*cols, fence_id]]
+                [sql.SQL("{c} = EXCLUDED.{c}").format(c=c) for c in [*cols, f]]
             ),
         )
     else:
+        accept = "{f} < %(fence)s"
+        if job_id is not None:
+            accept = "{j} = %(job)s AND {f} <= %(fence)s"
         query = sql.SQL(
-            "UPDATE {t} SET {sets}, {f} = %(fence)s WHERE {match} AND {f} < %(fence)s"
+            "UPDATE {t} SET {sets}, {f} = %(fence)s WHERE {match} AND " + accept
         ).format(
             t=target,
-            f=fence_id,
+            f=f,
+            j=j,
             sets=sql.SQL(", ").join(
                 sql.SQL("{} = {}").format(c, sql.Placeholder(f"v{i}")) for i, c in enumerate(cols)
             ),
-            match=sql.SQL(" AND ").join(
-                sql.SQL("{} = {}").format(k, sql.Placeholder(f"k{i}")) for i, k in enumerate(keys)
-            ),
+            match=match,
         )
-    return conn.execute(query, params).rowcount == 1
+    try:
+        if conn.execute(query, params).rowcount == 1:
+            return True
+    except psycopg.errors.UndefinedColumn as exc:
+        if job_id is None:
+            raise
+        raise BadInput(
+            f"{table}: {first_line(exc)} (a write with job_id= needs a {job_column!r} bigint "
+            f"column beside {fence_column!r})"
+        ) from exc
+    if job_id is None:
+        return False
+    # Refused: by a newer fence of this job (stale, False) or by another job (raise).
+    stored = conn.execute(
+        sql.SQL("SELECT {j} FROM {t} WHERE {match}").format(j=j, t=target, match=match),
+        key_params,
+    ).fetchone()
+    if stored is None or stored[0] == job_id:
+        return False
+    where = ", ".join(f"{k}={v!r}" for k, v in key.items())
+    by = "without a job id" if stored[0] is None else f"by job {stored[0]}"
+    raise FenceConflict(
+        f"row ({where}) of {table} was written {by}; fences of different jobs are not "
+        "comparable: key the row by job (or use one job per row)"
+    )
 
 
 def _name(*parts: str) -> sql.Identifier:
