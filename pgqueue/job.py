@@ -70,12 +70,24 @@ class Job:
         values: Mapping[str, Any],
         *,
         upsert: bool = True,
+        job_column: str = "job_id",
     ) -> bool:
-        """Write to another table with this job's fence (see ``pgqueue.fenced_write``);
-        return whether it took effect. A rejected write marks the job lost."""
+        """Write to another table with this job's fence and id (see ``pgqueue.fenced_write``;
+        the table needs a ``job_column`` beside ``fence``); return whether it took effect.
+        A refused write means this holder's fence is stale: the job is marked lost. A row
+        written by another job raises ``FenceConflict`` (the handler fails, so it is seen)."""
         if self.conn is None:
             raise LeaseLost(f"job {self.id} has no connection to write with; claim it first")
-        took_effect = fenced_write(self.conn, table, key, values, self.fence, upsert=upsert)
+        took_effect = fenced_write(
+            self.conn,
+            table,
+            key,
+            values,
+            self.fence,
+            job_id=self.id,
+            job_column=job_column,
+            upsert=upsert,
+        )
         if not took_effect:
             self.mark_lost()
         if self.on_event:
