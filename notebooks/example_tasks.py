@@ -22,6 +22,8 @@ def handler(job: Job) -> None:
         raise LookupError(f"order {order_id} does not exist")
     customer, amount_cents = row
     body = f"order {order_id}: {customer} paid {amount_cents / 100:.2f} EUR"
-    # Accepted only if no holder with a newer fence has written this receipt already;
-    # a rejected write marks the job lost, and the worker's completion is refused too.
+    # Accepted unless a holder of this job with a newer fence has written the receipt
+    # already (a refused write marks the job lost, and the worker's completion is refused
+    # too). ``receipts`` needs a ``job_id`` column beside ``fence``: the row records which
+    # job wrote it, and a receipt written by another job raises FenceConflict.
     job.fenced_write("receipts", {"order_id": order_id}, {"body": body})

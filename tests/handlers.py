@@ -6,7 +6,8 @@ They take their instructions from the payload, so one handler serves many tests:
 - ``report``: the id of the row of ``reports`` to write with the job's fence.
 
 ``report`` writes to two side tables the test creates first:
-``reports (id int PRIMARY KEY, body text, fence bigint)`` through a fenced write, and
+``reports (id int PRIMARY KEY, body text, job_id bigint, fence bigint)`` through a
+fenced write (``Job.fenced_write`` stores the job id beside the fence), and
 ``report_log (job_id bigint, fence bigint, pid int, accepted bool)`` with what happened,
 so a test can see a rejected late write that left no other trace.
 """
@@ -20,7 +21,7 @@ from pgqueue import Job
 
 # The side tables ``report`` writes to; a test runs this before starting workers.
 SIDE_TABLES = """
-CREATE TABLE reports (id int PRIMARY KEY, body text, fence bigint NOT NULL);
+CREATE TABLE reports (id int PRIMARY KEY, body text, job_id bigint, fence bigint NOT NULL);
 CREATE TABLE report_log (job_id bigint, fence bigint, pid int, accepted bool);
 """
 

@@ -623,9 +623,11 @@ def test_concurrent_installs_are_safe(empty_dsn: str) -> None:
 # -- fenced writes to other tables ------------------------------------------------------
 @pytest.fixture
 def reports(dsn: str) -> Iterator[psycopg.Connection]:
-    """A side table with a fence column, and a connection to write to it."""
+    """A side table with fence and job columns, and a connection to write to it."""
     conn = psycopg.connect(dsn, autocommit=True)
-    conn.execute("CREATE TABLE reports (id int PRIMARY KEY, body text, fence bigint NOT NULL)")
+    conn.execute(
+        "CREATE TABLE reports (id int PRIMARY KEY, body text, job_id bigint, fence bigint NOT NULL)"
+    )
     yield conn
     conn.close()
 

@@ -153,7 +153,9 @@ def test_paused_worker_replays_the_seed_story(
     queue: Queue, dsn: str, make_worker: MakeWorker
 ) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE reports (id int PRIMARY KEY, body text, fence bigint)")
+        conn.execute(
+            "CREATE TABLE reports (id int PRIMARY KEY, body text, job_id bigint, fence bigint)"
+        )
     job_id = queue.enqueue({"report": 1}, queue="q")
     events = EventLog()
 

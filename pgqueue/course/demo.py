@@ -28,7 +28,9 @@ def run_demo(dsn: str, *, pause: float = 2.0, lease: float = 1.0) -> EventLog:
     with Queue(dsn) as q:
         q.install()
         q.conn.execute(
-            "CREATE TABLE IF NOT EXISTS demo_reports (id int PRIMARY KEY, body text, fence bigint)"
+            "CREATE TABLE IF NOT EXISTS demo_reports (id int PRIMARY KEY, body text, fence bigint);"
+            # Job.fenced_write stores the job id too; a table left by an older demo lacks it.
+            "ALTER TABLE demo_reports ADD COLUMN IF NOT EXISTS job_id bigint"
         )
         q.conn.execute("DELETE FROM demo_reports")
         q.conn.execute("DELETE FROM jobs WHERE queue = %s", [QUEUE])
