@@ -1,0 +1,144 @@
+"""``pgqueue bench``: run the chosen benchmarks, print their tables, write CSVs and figures.
+
+Each benchmark is a function returning a list of row dicts, usable from a notebook; ``main``
+runs them, prints a table for each and writes ``data/bench_<name>.csv`` with the machine's
+description as columns (also in ``data/machine.json``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .claim_size import bench_claim
+from .drain import DrainConfig, _add_ratio_to_limit, bench_drain
+from .enqueue import bench_enqueue
+from .peers import bench_peers
+from .plots import figures
+from .polling import bench_polling
+from .report import (
+    CLAIM_COLUMNS,
+    DRAIN_COLUMNS,
+    ENQUEUE_COLUMNS,
+    PEERS_COLUMNS,
+    POLLING_COLUMNS,
+    SUMMARY_COLUMNS,
+    _version,
+    machine,
+    summarize,
+    table,
+    write_csv,
+)
+from .runner import Bench, bench_server
+
+BENCHMARKS = ("drain", "limit", "peers", "polling", "claim", "enqueue")
+
+
+def run(
+    bench: Bench,
+    only: Sequence[str] = BENCHMARKS,
+    out: Path | str = "data",
+    *,
+    log: Callable[[str], None] = print,
+) -> dict[str, list[dict[str, Any]]]:
+    """Run the chosen benchmarks on ``bench``, print a table for each, write their CSVs
+    under ``out`` and the targets to ``bench_summary.csv``; return every table's rows."""
+    out = Path(out)
+    info = machine(bench.admin_dsn)
+    info["durable"] = "yes" if info["fsync"] == "on" else "no"
+    info["mode"] = "quick" if bench.quick else "full"
+    out.mkdir(parents=True, exist_ok=True)
+    versions = {name: _version(name) for name in ("procrastinate", "pgqueuer")}
+    (out / "machine.json").write_text(json.dumps(info | versions, indent=2) + "\n")
+    log(f"machine: {info}")
+    results: dict[str, list[dict[str, Any]]] = {}
+    drain_samples: dict[DrainConfig, list[float]] = {}
+    drain_cpu: dict[DrainConfig, list[float]] = {}
+    peer_samples: dict[tuple[str, str], list[float]] = {}
+    plan: list[tuple[str, str, Sequence[str], Callable[[], list[dict[str, Any]]]]] = [
+        (
+            "drain",
+            "bench_drain.csv",
+            DRAIN_COLUMNS,
+            lambda: bench_drain(bench, samples=drain_samples, cpu_samples=drain_cpu),
+        ),
+        (
+            "peers",
+            "bench_peers.csv",
+            PEERS_COLUMNS,
+            lambda: bench_peers(bench, samples=peer_samples),
+        ),
+        ("polling", "bench_polling.csv", POLLING_COLUMNS, lambda: bench_polling(bench)),
+        ("claim", "bench_claim_size.csv", CLAIM_COLUMNS, lambda: bench_claim(bench)),
+        ("enqueue", "bench_enqueue.csv", ENQUEUE_COLUMNS, lambda: bench_enqueue(bench)),
+    ]
+    for name, filename, columns, func in plan:
+        if name not in only:
+            continue
+        started = time.perf_counter()
+        rows = func()
+        if name == "drain":
+            _add_ratio_to_limit(rows)
+        results[name] = rows
+        write_csv(out / filename, rows, columns, info)
+        log(f"\n== {name} ({time.perf_counter() - started:.0f} s) -> {out / filename}")
+        log(table(rows, columns))
+    summary = summarize(
+        drain_samples,
+        peer_samples,
+        results.get("polling"),
+        results.get("claim"),
+        results.get("enqueue"),
+        drain_cpu,
+    )
+    if summary:
+        results["summary"] = summary
+        write_csv(out / "bench_summary.csv", summary, SUMMARY_COLUMNS, info)
+        log("\n== targets")
+        log(table(summary, SUMMARY_COLUMNS))
+    try:
+        for path in figures(out):
+            log(f"figure: {path}")
+    except ImportError:
+        log("(matplotlib is not installed: no figures)")
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``pgqueue bench [--quick] [--only NAME,...] [--out DIR] [--dsn DSN]``."""
+    parser = argparse.ArgumentParser(
+        prog="pgqueue bench",
+        description="Run the benchmarks on a throwaway embedded server (or --dsn) and write "
+        "CSV files with the machine's description under --out.",
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer configs and jobs (< 2 min)")
+    parser.add_argument(
+        "--only",
+        default=",".join(BENCHMARKS),
+        help=f"comma-separated subset of: {', '.join(BENCHMARKS)} ('limit' runs with drain)",
+    )
+    parser.add_argument("--out", default="data", help="directory for the CSV files (data/)")
+    parser.add_argument("--dsn", help="benchmark this server instead (needs CREATEDB)")
+    parser.add_argument("--repeats", type=int, help="repetitions per config (3; quick: 2)")
+    parser.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="embedded server without fsync/synchronous_commit (default: durable)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    only = {"drain" if n.strip() == "limit" else n.strip() for n in args.only.split(",")}
+    unknown = only - set(BENCHMARKS)
+    if unknown:
+        parser.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}")
+    started = time.perf_counter()
+    with bench_server(args.dsn, durable=not args.no_fsync) as bench:
+        bench.quick = args.quick
+        bench.repeats = args.repeats or (2 if args.quick else 3)
+        bench.progress = not args.no_progress
+        run(bench, [b for b in BENCHMARKS if b in only], args.out)
+    print(f"\ntotal {time.perf_counter() - started:.0f} s")
+    return 0
