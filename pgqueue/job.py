@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,6 +33,14 @@ class Job:
     # Set by whoever claimed the job: the connection to write with, and an event recorder.
     conn: psycopg.Connection | None = field(default=None, repr=False, compare=False)
     on_event: Callable[[str, Job], None] | None = field(default=None, repr=False, compare=False)
+    # This holder's own view of its lease, on its monotonic clock: set from the moment the
+    # claim was sent, pushed on by each heartbeat that took effect. Past it the job is lost
+    # even if no statement said so (a keeper that cannot reach the server cannot learn it).
+    deadline: float = field(default=math.inf, repr=False, compare=False)
+    # What the last fenced write of the job itself left: 'done', 'ready' (retry in
+    # ``retry_in`` seconds), 'dead'; 'running' while held.
+    status: str = field(default="running", compare=False)
+    retry_in: float | None = field(default=None, repr=False, compare=False)
     # A plain flag, and a threading.Event made only if someone asks for one: building an
     # Event per claimed job was the largest client cost of a Worker draining small jobs.
     _lost: bool = field(default=False, init=False, repr=False, compare=False)
@@ -38,8 +48,9 @@ class Job:
 
     @property
     def lost(self) -> bool:
-        """True once a heartbeat or write found that someone else holds the job now."""
-        return self._lost
+        """True once a heartbeat or write found that someone else holds the job now, or
+        once the lease ran out on this holder's clock with no heartbeat taking effect."""
+        return self._lost or time.monotonic() >= self.deadline
 
     @property
     def lost_event(self) -> threading.Event:
@@ -47,7 +58,7 @@ class Job:
         with _LOST_LOCK:
             if self._lost_event is None:
                 self._lost_event = threading.Event()
-                if self._lost:
+                if self.lost:
                     self._lost_event.set()
             return self._lost_event
 
@@ -78,7 +89,9 @@ class Job:
         written by another job raises ``FenceConflict`` (the handler fails, so it is seen)."""
         if self.conn is None:
             raise LeaseLost(f"job {self.id} has no connection to write with; claim it first")
-        took_effect = fenced_write(
+        # Known stale here (failed, timed out, told by a heartbeat): a row that does not
+        # exist yet has no fence to compare with, so the database alone could not refuse.
+        took_effect = not self._lost and fenced_write(
             self.conn,
             table,
             key,

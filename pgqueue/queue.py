@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -23,6 +24,7 @@ from .job import Job
 MAX_LEASE = 7 * 24 * 3600.0  # seconds; longer leases are a mistake, not a choice
 MAX_BACKOFF = 24 * 3600.0  # seconds; the retry delay stops doubling here (see sql/queries.sql)
 MAX_ATTEMPTS = 1_000_000  # keeps attempts and max_attempts far inside the int column
+MAX_PRIORITY = 1_000_000  # priorities are small whole numbers, from -MAX to +MAX
 MAX_AGE = 100 * 365 * 86400.0  # seconds; prune's older_than beyond this overflows timestamps
 COPY_FROM = 2_000  # payloads; enqueue_many uses COPY from this many on (INSERT is as fast below)
 # One encoder for every payload: json.dumps with options builds a new one per call.
@@ -36,6 +38,22 @@ class Reaped(NamedTuple):
     queue: str
     status: str
     fence: int
+
+
+class JobState(NamedTuple):
+    """One job as the table holds it now (``Queue.get``)."""
+
+    id: int
+    queue: str
+    status: str
+    payload: dict[str, Any]
+    priority: int
+    attempts: int
+    max_attempts: int
+    fence: int
+    run_at: datetime
+    lease_until: datetime | None
+    last_error: str | None
 
 
 class Queue:
@@ -87,10 +105,13 @@ class Queue:
         delay: float = 0.0,
         run_at: datetime | None = None,
         max_attempts: int = 5,
+        priority: int = 0,
         conn: psycopg.Connection | None = None,
     ) -> int:
-        """Add one job and return its id (inside ``conn``'s transaction if given)."""
-        params = _job_params(queue, delay, run_at, max_attempts) | {"payload": _jsonb(payload)}
+        """Add one job and return its id (inside ``conn``'s transaction if given). Higher
+        ``priority`` runs first; among equals, the oldest ``run_at``, then the first in."""
+        params = _job_params(queue, delay, run_at, max_attempts, priority)
+        params["payload"] = _jsonb(payload)
         row = self._run("enqueue", params, conn).fetchone()
         assert row is not None
         return int(row[0])
@@ -103,11 +124,12 @@ class Queue:
         delay: float = 0.0,
         run_at: datetime | None = None,
         max_attempts: int = 5,
+        priority: int = 0,
         conn: psycopg.Connection | None = None,
     ) -> list[int]:
         """Add many jobs in one write (an INSERT, or a COPY from ``COPY_FROM`` jobs on), all or
-        none; return their ids in order."""
-        params = _job_params(queue, delay, run_at, max_attempts)
+        none; return their ids in order (the order they will be claimed in, among equals)."""
+        params = _job_params(queue, delay, run_at, max_attempts, priority)
         params["payloads"] = [_jsonb(p, index=i) for i, p in enumerate(payloads)]
         if not params["payloads"]:
             return []
@@ -123,9 +145,10 @@ class Queue:
         assert row is not None
         ids, run_at = sorted(row[0]), row[1]  # sorted: ids ascend in payload order
         with conn.cursor().copy(statements.query("enqueue_copy")) as copy:
-            copy.set_types(["bigint", "text", "jsonb", "timestamptz", "integer"])  # its columns
+            copy.set_types(["bigint", "text", "jsonb", "timestamptz", "integer", "integer"])
+            row_tail = (run_at, params["max_attempts"], params["priority"])
             for job_id, payload in zip(ids, payloads, strict=True):
-                copy.write_row((job_id, params["queue"], payload, run_at, params["max_attempts"]))
+                copy.write_row((job_id, params["queue"], payload, *row_tail))
         return ids
 
     # -- consuming -------------------------------------------------------------------
@@ -134,55 +157,86 @@ class Queue:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise BadInput(f"limit must be a whole number from 1 to 10000, got {limit!r}")
         params = {"queue": _queue_name(queue), "limit": limit, "lease": _lease(lease)}
+        # The job's local deadline counts from before the claim was sent: the server's
+        # lease starts later than that, so this holder gives up first.
+        deadline = time.monotonic() + params["lease"]
         rows = self._run("claim", params).fetchall()
-        return [Job(*row, conn=self.conn) for row in rows]
+        return [Job(*row, conn=self.conn, deadline=deadline) for row in rows]
 
     def heartbeat(self, job: Job, *, lease: float = 30.0) -> bool:
         """Extend the job's lease; False (and ``job.lost``) if someone else holds it now."""
         params = {"id": job.id, "fence": job.fence, "lease": _lease(lease)}
-        return self._fenced(job, self._run("heartbeat", params).rowcount == 1)
+        deadline = time.monotonic() + params["lease"]
+        kept = self._fenced(job, self._run("heartbeat", params).rowcount == 1)
+        if kept:
+            job.deadline = max(job.deadline, deadline)
+        return kept
 
     def heartbeat_many(self, jobs: Sequence[Job], *, lease: float = 30.0) -> list[Job]:
         """Extend many leases in one statement; return the jobs that were lost (marked)."""
         if not jobs:
             return []
         params = {**_held(jobs), "lease": _lease(lease)}
+        deadline = time.monotonic() + params["lease"]
         kept = {r[0] for r in self._run("heartbeat_many", params).fetchall()}
-        lost = [job for job in jobs if job.id not in kept]
-        for job in lost:
-            job.mark_lost()
+        lost = []
+        for job in jobs:
+            if job.id in kept:
+                job.deadline = max(job.deadline, deadline)
+            else:
+                job.mark_lost()
+                lost.append(job)
         return lost
 
     def complete(self, job: Job) -> bool:
         """Mark the job done; False (and ``job.lost``) if its fence is stale."""
         params = {"id": job.id, "fence": job.fence}
-        return self._fenced(job, self._run("complete", params).rowcount == 1)
+        took_effect = self._fenced(job, self._run("complete", params).rowcount == 1)
+        if took_effect:
+            job.status = "done"
+        return took_effect
 
     def complete_many(self, jobs: Sequence[Job]) -> list[Job]:
         """Mark many jobs done in one fenced statement; return the ones rejected (marked)."""
         if not jobs:
             return []
         done = {r[0] for r in self._run("complete_many", _held(jobs)).fetchall()}
-        rejected = [job for job in jobs if job.id not in done]
-        for job in rejected:
-            job.mark_lost()
+        rejected = []
+        for job in jobs:
+            if job.id in done:
+                job.status = "done"
+            else:
+                job.mark_lost()
+                rejected.append(job)
         return rejected
 
     def fail(self, job: Job, error: str, *, backoff: float = 1.0) -> bool:
         """Record ``error``; the job retries after ``backoff * 2**attempts`` seconds, or goes
-        dead at max_attempts. False (and ``job.lost``) if its fence is stale."""
+        dead at max_attempts. False (and ``job.lost``) if its fence is stale. Either way
+        this holder is done with the job: the fence rises, so its later writes are refused.
+        ``job.status`` tells which way it went ('ready' or 'dead'), ``job.retry_in`` when."""
         params = {
             "id": job.id,
             "fence": job.fence,
             "error": _text(error, 10_000),
             "backoff": _seconds("backoff", backoff, upper=MAX_BACKOFF),
         }
-        return self._fenced(job, self._run("fail", params).rowcount == 1)
+        row = self._run("fail", params).fetchone()
+        job.mark_lost()  # the fence moved on (or had already): nothing more from this holder
+        if row is None:
+            return False
+        job.status, retry_in = row
+        job.retry_in = None if job.status == "dead" else max(0.0, float(retry_in))
+        return True
 
     def release(self, job: Job) -> bool:
-        """Give back a claimed job that was not started, without using up an attempt."""
+        """Give back a claimed job that was not started: the attempt is given back, the
+        fence stays (so afterwards fence > attempts; the fence only ever rises)."""
         params = {"id": job.id, "fence": job.fence}
-        return self._fenced(job, self._run("release", params).rowcount == 1)
+        took_effect = self._fenced(job, self._run("release", params).rowcount == 1)
+        if took_effect:
+            job.status = "ready"
+        return took_effect
 
     # -- housekeeping ----------------------------------------------------------------
     def reap(self) -> list[Reaped]:
@@ -190,9 +244,12 @@ class Queue:
         return [Reaped(*row) for row in self._run("reap", {}).fetchall()]
 
     def retry_dead(
-        self, queue: str = "default", *, ids: Sequence[int] | None = None, extra: int = 1
+        self, queue: str | None = None, *, ids: Sequence[int] | None = None, extra: int = 1
     ) -> list[int]:
-        """Make dead jobs of ``queue`` (or just ``ids``) ready again with ``extra`` attempts."""
+        """Make dead jobs ready again with ``extra`` attempts and return their ids: every dead
+        job of ``queue`` (default ``"default"``), or, with ``ids``, the dead jobs among those
+        ids, looked up by id (with ``queue`` too, only those of that queue). Ids that are not
+        dead are left as they are: compare the result with what you asked for."""
         if isinstance(extra, bool) or not isinstance(extra, int) or not 1 <= extra <= MAX_ATTEMPTS:
             raise BadInput(
                 f"extra must be a whole number of attempts from 1 to {MAX_ATTEMPTS}, got {extra!r}"
@@ -201,8 +258,24 @@ class Queue:
             isinstance(i, int) and not isinstance(i, bool) and 1 <= i < 2**63 for i in ids
         ):
             raise BadInput(f"ids must be job ids (whole numbers >= 1), got {ids!r}")
-        params = {"queue": _queue_name(queue), "ids": list(ids) if ids else None, "extra": extra}
-        return [int(r[0]) for r in self._run("retry_dead", params).fetchall()]
+        if ids is None:
+            params = {"queue": _queue_name("default" if queue is None else queue), "extra": extra}
+            return [int(r[0]) for r in self._run("retry_dead", params).fetchall()]
+        if not ids:
+            return []  # no ids: retry none (not "no filter")
+        params = {
+            "ids": list(ids),
+            "queue": None if queue is None else _queue_name(queue),
+            "extra": extra,
+        }
+        return sorted(int(r[0]) for r in self._run("retry_dead_ids", params).fetchall())
+
+    def get(self, job_id: int) -> JobState | None:
+        """The job with this id as it is now, or None if there is none."""
+        if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id < 2**63:
+            raise BadInput(f"a job id is a whole number >= 1, got {job_id!r}")
+        row = self._run("get", {"id": job_id}).fetchone()
+        return None if row is None else JobState(*row)
 
     def stats(self) -> list[dict[str, Any]]:
         """Job counts by queue and status, with the oldest runnable job's wait in seconds."""
@@ -281,7 +354,7 @@ def _lease(lease: object) -> float:
 
 
 def _job_params(
-    queue: object, delay: object, run_at: object, max_attempts: object
+    queue: object, delay: object, run_at: object, max_attempts: object, priority: object = 0
 ) -> dict[str, Any]:
     if run_at is not None and (not isinstance(run_at, datetime) or run_at.tzinfo is None):
         raise BadInput(f"run_at must be a timezone-aware datetime, got {run_at!r}")
@@ -293,11 +366,21 @@ def _job_params(
         raise BadInput(
             f"max_attempts must be a whole number from 1 to {MAX_ATTEMPTS}, got {max_attempts!r}"
         )
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not -MAX_PRIORITY <= priority <= MAX_PRIORITY
+    ):
+        raise BadInput(
+            f"priority must be a whole number from {-MAX_PRIORITY} to {MAX_PRIORITY} "
+            f"(higher runs first), got {priority!r}"
+        )
     return {
         "queue": _queue_name(queue),
         "delay": _seconds("delay", delay, upper=10 * 365 * 86400.0),
         "run_at": run_at,
         "max_attempts": max_attempts,
+        "priority": priority,
     }
 
 

@@ -43,6 +43,8 @@ TESTED_QUERIES = {
     "release",
     "reap",
     "retry_dead",
+    "retry_dead_ids",
+    "get",
     "stats",
     "prune",
     "prune_archive",
@@ -85,10 +87,11 @@ def make_runnable(dsn: str, *ids: int) -> None:
     execute(dsn, "UPDATE jobs SET run_at = now() WHERE id = ANY(%s)", [list(ids)])
 
 
-def assert_fence_is_attempts(dsn: str) -> None:
-    """Invariant 1: every claim raised fence and attempts together, on every row."""
-    bad = rows(dsn, "SELECT id, fence, attempts FROM jobs WHERE fence <> attempts")
-    assert bad == [], f"fence must equal attempts on every row: {bad}"
+def assert_fence_covers_attempts(dsn: str) -> None:
+    """Invariant 1: every claim raised fence and attempts together, and nothing lowered
+    the fence (a release gives the attempt back, not the fence): fence >= attempts."""
+    bad = rows(dsn, "SELECT id, fence, attempts FROM jobs WHERE fence < attempts")
+    assert bad == [], f"fence must never be below attempts: {bad}"
 
 
 # -- the SQL file ---------------------------------------------------------------------
@@ -368,7 +371,7 @@ def test_stale_fence_changes_nothing_and_the_caller_is_told(queue: Queue, dsn: s
     assert not new.lost
     assert queue.heartbeat(new) and queue.complete(new)
     assert job_row(dsn, job_id)["status"] == "done"
-    assert_fence_is_attempts(dsn)
+    assert_fence_covers_attempts(dsn)
 
 
 def test_heartbeat_many_returns_only_the_lost(queue: Queue, dsn: str) -> None:
@@ -415,8 +418,10 @@ def test_fail_backs_off_exponentially_then_goes_dead(queue: Queue, dsn: str) -> 
     [job] = queue.claim("q")
     assert job.attempts == 5
     assert queue.fail(job, "last straw")
+    assert (job.status, job.retry_in, job.lost) == ("dead", None, True)
     row = job_row(dsn, job_id)
-    assert (row["status"], row["last_error"], row["fence"]) == ("dead", "last straw", 5)
+    # five claims and five fails each raised the fence: no late write of any attempt counts
+    assert (row["status"], row["last_error"], row["fence"]) == ("dead", "last straw", 10)
     make_runnable(dsn, job_id)
     assert queue.claim("q") == []
 
@@ -427,11 +432,13 @@ def test_release_hands_the_job_back_without_using_an_attempt(queue: Queue, dsn: 
     assert queue.release(job)
     row = job_row(dsn, job_id)
     assert (row["status"], row["lease_until"]) == ("ready", None)
-    assert row["max_attempts"] - row["attempts"] == 2  # still two attempts left
+    # the attempt is given back (max_attempts untouched, so backoff does not grow with
+    # every deploy); the fence is not
+    assert (row["attempts"], row["max_attempts"], row["fence"]) == (0, 2, 1)
     [again] = queue.claim("q")
-    assert again.fence == 2
+    assert (again.fence, again.attempts) == (2, 1)
     assert not queue.release(job)  # the old claim cannot release the new one
-    assert_fence_is_attempts(dsn)
+    assert_fence_covers_attempts(dsn)
 
 
 # -- reaper ---------------------------------------------------------------------------
@@ -461,7 +468,7 @@ def test_reaper_makes_jobs_dead_at_max_attempts(queue: Queue, dsn: str) -> None:
         assert queue.reap() == [Reaped(job_id, "q", expected, job.fence)]
     assert job_row(dsn, job_id)["attempts"] == 2
     assert queue.claim("q") == []
-    assert_fence_is_attempts(dsn)
+    assert_fence_covers_attempts(dsn)
 
 
 def test_concurrent_reapers_move_each_job_once(dsn: str) -> None:
@@ -486,25 +493,33 @@ def test_concurrent_reapers_move_each_job_once(dsn: str) -> None:
     assert len(moved) == len(set(moved)) == 100
 
 
-def test_fence_equals_attempts_through_a_whole_life(queue: Queue, dsn: str) -> None:
+def test_fence_only_rises_through_a_whole_life(queue: Queue, dsn: str) -> None:
+    """A model of each row beside the real one: claim raises fence and attempts, fail
+    raises the fence, release gives the attempt back; the fence never falls."""
     ids = queue.enqueue_many([{"n": i} for i in range(6)], queue="q", max_attempts=3)
+    model = {i: [0, 0] for i in ids}  # id -> [fence, attempts]
     for _ in range(4):
         jobs = queue.claim("q", limit=6)
         for n, job in enumerate(jobs):
+            model[job.id][0] += 1
+            model[job.id][1] += 1
             if n % 3 == 0:
                 queue.fail(job, "x", backoff=0)
+                model[job.id][0] += 1
             elif n % 3 == 1:
                 expire(dsn, job.id)
             else:
                 queue.release(job)
+                model[job.id][1] -= 1
         queue.reap()
-        assert_fence_is_attempts(dsn)
+        assert_fence_covers_attempts(dsn)
+        assert {i: [f, a] for i, f, a in rows(dsn, "SELECT id, fence, attempts FROM jobs")} == model
     execute(dsn, "UPDATE jobs SET status = 'dead' WHERE status = 'ready'")
     assert len(queue.retry_dead("q", extra=2)) == len(ids)
     for job in queue.claim("q", limit=6):
-        assert job.fence == job.attempts
+        assert job.fence == model[job.id][0] + 1 and job.attempts == model[job.id][1] + 1
         queue.complete(job)
-    assert_fence_is_attempts(dsn)
+    assert_fence_covers_attempts(dsn)
 
 
 # -- retry_dead, stats, prune ----------------------------------------------------------
@@ -519,12 +534,49 @@ def test_retry_dead_gives_more_attempts_and_keeps_counting(queue: Queue, dsn: st
     assert (row["status"], row["max_attempts"], row["last_error"]) == ("ready", 2, None)
     assert job_row(dsn, a)["status"] == "dead"
     [job] = queue.claim("q")
-    assert (job.id, job.fence, job.attempts) == (b, 2, 2)
+    assert (job.id, job.fence, job.attempts) == (b, 3, 2)  # claim, fail, claim
     assert queue.retry_dead("q", extra=3) == [a]
     assert job_row(dsn, a)["max_attempts"] == 4
-    assert_fence_is_attempts(dsn)
+    assert_fence_covers_attempts(dsn)
     with pytest.raises(BadInput):
         queue.retry_dead("q", extra=0)
+
+
+def test_retry_dead_by_ids_looks_jobs_up_by_id_and_an_empty_list_retries_none(
+    queue: Queue, dsn: str
+) -> None:
+    a, b = queue.enqueue_many([{"n": 1}, {"n": 2}], queue="q", max_attempts=1)
+    c = queue.enqueue({}, queue="other", max_attempts=1)
+    for name in ("q", "other"):
+        for job in queue.claim(name, limit=2):
+            queue.fail(job, "boom", backoff=0)
+    assert queue.retry_dead("q", ids=[]) == []  # once: every dead job of the queue
+    assert rows(dsn, "SELECT count(*) FROM jobs WHERE status = 'dead'") == [(3,)]
+    assert queue.retry_dead("q", ids=[c]) == []  # c is of another queue: left alone
+    assert queue.retry_dead(ids=[c, a]) == [a, c]  # by id alone: any queue
+    assert queue.retry_dead(ids=[a, 10**9]) == []  # not dead / no such job: nothing
+    assert job_row(dsn, b)["status"] == "dead"
+
+
+def test_get_reads_one_job_as_it_is_now(queue: Queue) -> None:
+    job_id = queue.enqueue({"x": 1}, queue="q", priority=3)
+    state = queue.get(job_id)
+    assert state is not None
+    assert (state.id, state.queue, state.status, state.payload, state.priority) == (
+        job_id,
+        "q",
+        "ready",
+        {"x": 1},
+        3,
+    )
+    [job] = queue.claim("q")
+    queue.fail(job, "boom", backoff=0)
+    state = queue.get(job_id)
+    assert state is not None
+    assert (state.status, state.attempts, state.fence, state.last_error) == ("ready", 1, 2, "boom")
+    assert queue.get(10**9) is None
+    with pytest.raises(BadInput):
+        queue.get(0)
 
 
 def test_stats_counts_by_queue_and_status_with_oldest_ready(queue: Queue, dsn: str) -> None:

@@ -9,16 +9,17 @@ SELECT 1 FROM jobs LIMIT 0;
 
 -- name: enqueue
 -- Add one job, runnable at %(run_at)s or %(delay)s seconds from now; NOTIFY fires at commit.
-INSERT INTO jobs (queue, payload, run_at, max_attempts)
+INSERT INTO jobs (queue, payload, run_at, max_attempts, priority)
 VALUES (%(queue)s, %(payload)s,
-        coalesce(%(run_at)s, now() + make_interval(secs => %(delay)s)), %(max_attempts)s)
+        coalesce(%(run_at)s, now() + make_interval(secs => %(delay)s)), %(max_attempts)s,
+        %(priority)s)
 RETURNING id;
 
 -- name: enqueue_many
 -- Add many jobs in one statement (one notification per queue, not per job).
-INSERT INTO jobs (queue, payload, run_at, max_attempts)
+INSERT INTO jobs (queue, payload, run_at, max_attempts, priority)
 SELECT %(queue)s, p, coalesce(%(run_at)s, now() + make_interval(secs => %(delay)s)),
-       %(max_attempts)s
+       %(max_attempts)s, %(priority)s
 FROM unnest(%(payloads)b::jsonb[]) WITH ORDINALITY AS t(p, n)
 ORDER BY n
 RETURNING id;
@@ -34,23 +35,29 @@ FROM generate_series(1, %(n)s);
 -- name: enqueue_copy
 -- Write many jobs, with their reserved ids, in one binary COPY (faster than INSERT for
 -- large batches). One statement: all rows or none, and one notification per queue.
-COPY jobs (id, queue, payload, run_at, max_attempts) FROM STDIN (FORMAT binary);
+COPY jobs (id, queue, payload, run_at, max_attempts, priority) FROM STDIN (FORMAT binary);
 
 -- name: claim
--- Take up to %(limit)s ready jobs; SKIP LOCKED lets competing workers pass each other.
-UPDATE jobs
-SET status      = 'running',
-    attempts    = attempts + 1,
-    fence       = fence + 1,
-    lease_until = now() + make_interval(secs => %(lease)s)
-WHERE id IN (
-  SELECT id FROM jobs
-  WHERE queue = %(queue)s AND status = 'ready' AND run_at <= now()
-  ORDER BY run_at
-  LIMIT %(limit)s
-  FOR UPDATE SKIP LOCKED
+-- Take up to %(limit)s ready jobs, highest priority first, then oldest, then first in;
+-- SKIP LOCKED lets competing workers pass each other. Returned in that order.
+WITH claimed AS (
+  UPDATE jobs
+  SET status      = 'running',
+      attempts    = attempts + 1,
+      fence       = fence + 1,
+      lease_until = now() + make_interval(secs => %(lease)s)
+  WHERE id IN (
+    SELECT id FROM jobs
+    WHERE queue = %(queue)s AND status = 'ready' AND run_at <= now()
+    ORDER BY priority DESC, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+  )
+  RETURNING id, queue, payload, fence, attempts, max_attempts, lease_until, priority, run_at
 )
-RETURNING id, queue, payload, fence, attempts, max_attempts, lease_until;
+SELECT id, queue, payload, fence, attempts, max_attempts, lease_until
+FROM claimed
+ORDER BY priority DESC, run_at, id;
 
 -- name: heartbeat
 -- Extend one lease; zero rows means the job was taken over.
@@ -82,23 +89,27 @@ RETURNING jobs.id;
 
 -- name: fail
 -- Record an error; retry after %(backoff)s * 2^attempts seconds (at most a day: a larger
--- delay would overflow the interval type), or go dead at max_attempts.
+-- delay would overflow the interval type), or go dead at max_attempts. The fence rises
+-- too, so nothing more from this attempt is accepted: not a late write of a handler that
+-- timed out, not a second fail.
 UPDATE jobs
 SET status      = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'ready' END,
     run_at      = now() + make_interval(
                     secs => least(%(backoff)s * power(2, least(attempts, 60)), 86400)),
     lease_until = NULL,
+    fence       = fence + 1,
     last_error  = %(error)s
 WHERE id = %(id)s AND fence = %(fence)s AND status = 'running'
-RETURNING status, run_at;
+RETURNING status, extract(epoch FROM run_at - now())::float8 AS retry_in;
 
 -- name: release
--- Hand a claimed but unstarted job back (graceful stop); the attempt is given back too.
+-- Hand a claimed but unstarted job back (graceful stop): the attempt is given back, the
+-- fence is not (it only ever rises), so afterwards fence > attempts.
 UPDATE jobs
-SET status       = 'ready',
-    run_at       = now(),
-    lease_until  = NULL,
-    max_attempts = max_attempts + 1
+SET status      = 'ready',
+    run_at      = now(),
+    lease_until = NULL,
+    attempts    = attempts - 1
 WHERE id = %(id)s AND fence = %(fence)s AND status = 'running';
 
 -- name: reap
@@ -111,15 +122,34 @@ WHERE status = 'running' AND lease_until < now()
 RETURNING id, queue, status, fence;
 
 -- name: retry_dead
--- Give dead jobs of a queue %(extra)s more attempts (attempts and fence keep counting).
+-- Give the dead jobs of a queue %(extra)s more attempts (attempts and fence keep counting).
 UPDATE jobs
 SET status       = 'ready',
     run_at       = now(),
     max_attempts = attempts + %(extra)s,
     last_error   = NULL
 WHERE queue = %(queue)s AND status = 'dead'
-  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
 RETURNING id;
+
+-- name: retry_dead_ids
+-- Give the dead jobs among %(ids)s %(extra)s more attempts: of any queue when %(queue)s
+-- is NULL, else only that queue's.
+UPDATE jobs
+SET status       = 'ready',
+    run_at       = now(),
+    max_attempts = attempts + %(extra)s,
+    last_error   = NULL
+WHERE id = ANY(%(ids)s::bigint[]) AND status = 'dead'
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+RETURNING id;
+
+-- name: get
+-- One job as it is now, by id (for inspection, and to learn how a write whose reply was
+-- lost ended).
+SELECT id, queue, status, payload, priority, attempts, max_attempts, fence, run_at,
+       lease_until, last_error
+FROM jobs
+WHERE id = %(id)s;
 
 -- name: stats
 -- Job counts by queue and status, and how long the oldest runnable job has waited.

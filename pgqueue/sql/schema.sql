@@ -15,8 +15,24 @@ CREATE TABLE IF NOT EXISTS jobs (
   last_error   text
 );
 
--- Ready jobs, for claiming; stays small however many done jobs the table holds.
-CREATE INDEX IF NOT EXISTS jobs_ready_idx ON jobs (queue, run_at) WHERE status = 'ready';
+-- Columns added after the first release: ADD COLUMN IF NOT EXISTS upgrades a table made
+-- by an older pgqueue in place (`pgqueue init` again).
+ALTER TABLE jobs ADD COLUMN IF NOT EXISTS priority int NOT NULL DEFAULT 0; -- higher runs first
+
+-- Ready jobs, in the claim's order (priority, then oldest, then first in), so the claim
+-- reads the first rows of this index instead of sorting every ready job. It stays small
+-- however many done jobs the table holds. A table made by an older pgqueue has this index
+-- without priority and id: rebuild it once.
+DO $$
+BEGIN
+  IF EXISTS (SELECT 1 FROM pg_indexes
+             WHERE schemaname = current_schema() AND indexname = 'jobs_ready_idx'
+               AND indexdef NOT LIKE '%(queue, priority DESC, run_at, id)%') THEN
+    DROP INDEX jobs_ready_idx;
+  END IF;
+END $$;
+CREATE INDEX IF NOT EXISTS jobs_ready_idx ON jobs (queue, priority DESC, run_at, id)
+  WHERE status = 'ready';
 -- Running jobs, for the reaper's lease check.
 CREATE INDEX IF NOT EXISTS jobs_lease_idx ON jobs (lease_until) WHERE status = 'running';
 
