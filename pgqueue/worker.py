@@ -1,38 +1,48 @@
 """``Worker``: competing threads that claim, run, heartbeat and finish jobs by fence.
 
 Threads, each with its own autocommit connection:
-- N job threads: claim a batch (one short statement), run the handler outside any
+- N lanes (job threads): claim a batch (one short statement), run the handler outside any
   transaction, then complete or fail each job with its fence;
-- one keeper: heartbeats every in-flight job at lease/3 and runs the reaper;
-- one listener (optional): LISTEN pgqueue, and wake idle job threads when a job arrives.
+- one keeper: heartbeats every in-flight job at lease/3, runs the reaper, marks jobs whose
+  lease ran out on this worker's own clock as lost, and fails handlers past ``timeout``
+  (replacing their lane, so the worker keeps its concurrency);
+- one listener (optional): LISTEN pgqueue, and wake idle lanes when a job arrives.
 Polling goes on regardless, so a missed notification costs at most one poll interval.
 Lost connections are reopened with backoff (and LISTEN re-issued).
+
+Handlers are user code: whatever one does (raise ``SystemExit``, leave a transaction
+open, hang), its job ends failed, retried or dead by the rules, and its lane goes on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import random
 import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from .db import connect, first_line, resolve_dsn
-from .errors import BadInput, ConnectError, NotInstalled
+from .errors import BadInput, ConnectError
 from .events import EventLog
 from .job import Job
-from .queue import MAX_BACKOFF, Queue, _lease, _queue_name, _seconds
+from .queue import MAX_BACKOFF, MAX_LEASE, Queue, _lease, _queue_name, _seconds, _text
 
 log = logging.getLogger("pgqueue.worker")
 
 Handler = Callable[[Job], Any]
 _DISCONNECTS = (psycopg.OperationalError, psycopg.InterfaceError, ConnectError)
+_FINISH_TRIES = 6
 
 
 class _Bell:
@@ -79,11 +89,44 @@ class _Link:
             self.queue = None
 
 
+@dataclass(eq=False)
+class _Lane:
+    """One slot of the worker's concurrency. When its handler times out, a new lane
+    (same slot, next generation) takes its place and the old thread is retired."""
+
+    slot: str
+    generation: int = 1
+    thread: threading.Thread | None = None
+    retired: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.slot if self.generation == 1 else f"{self.slot}/{self.generation}"
+
+
+@dataclass(eq=False)
+class _Held:
+    """A claimed job this worker has not finished: its lane, and when its handler began."""
+
+    job: Job
+    lane: _Lane
+    started: float | None = None  # time.monotonic() when the handler began
+    expiry_seen: bool = False  # the keeper has reported its lease running out here
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: first line of the message``: what a job's ``last_error`` and logs say."""
+    text = first_line(exc) if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class Worker:
     """Run ``handler(job)`` for jobs of ``queue`` in ``concurrency`` threads.
 
     ``start()``/``stop()`` for notebooks, ``run()`` to block until SIGINT/SIGTERM
-    (or, with ``burst=True``, until no runnable job is left).
+    (or, with ``burst=True``, until no runnable job is left). With ``timeout``, a handler
+    running longer is failed (the job retries with backoff, or goes dead) and its lane
+    replaced; the stale handler can no longer complete the job or write with its fence.
     """
 
     def __init__(
@@ -99,6 +142,7 @@ class Worker:
         listen: bool = True,
         reap_interval: float = 5.0,
         backoff: float = 1.0,
+        timeout: float | None = None,
         complete_in_batches: bool = False,
         burst: bool = False,
         name: str = "worker",
@@ -112,8 +156,11 @@ class Worker:
         for what, value in (("poll_interval", poll_interval), ("reap_interval", reap_interval)):
             if not isinstance(value, int | float) or not 0 < value < 1e6:
                 raise BadInput(f"{what} must be a positive number of seconds, got {value!r}")
-        # What the job threads' claims and fails would refuse, refused here instead: a
-        # BadInput raised in a job thread would end it (and the worker) with a traceback.
+        if timeout is not None and not _seconds("timeout", timeout, upper=MAX_LEASE) > 0:
+            raise BadInput("timeout must be more than 0 seconds (or None for no timeout)")
+        if not callable(handler):
+            raise BadInput(f"handler must be callable, got {handler!r}")
+        # What the lanes' claims and fails would refuse, refused here instead.
         _queue_name(queue)
         _lease(lease)
         _seconds("backoff", backoff, upper=MAX_BACKOFF)
@@ -127,26 +174,29 @@ class Worker:
         self.listen = listen
         self.reap_interval = float(reap_interval)
         self.backoff = backoff
+        self.timeout = None if timeout is None else float(timeout)
         self.complete_in_batches = complete_in_batches
         self.burst = burst
         self.name = name
         self.events = events if events is not None else EventLog()
         self.app_name = f"pgqueue worker {name}"  # how its sessions show in pg_stat_activity
         self.done = 0  # jobs this worker completed (accepted by fence)
-        self.rejected = 0  # late writes the database refused
+        self.failed = 0  # failed attempts recorded (the job retries or goes dead)
+        self.dead = 0  # of those, jobs that went dead
+        self.timed_out = 0  # handlers failed for running past ``timeout``
+        self.rejected = 0  # late writes the database refused (someone else holds the job)
+        self.gave_up = 0  # writes given up after retries (the lease runs out; reaper returns)
 
         self._bell = _Bell()
         self._stop = threading.Event()
-        self._crashed = threading.Event()
+        self._force = threading.Event()  # a second signal: do not wait for the grace period
+        self._halted = threading.Event()  # write nothing more, like a killed process
         self._abandoned = threading.Event()  # grace is over: stop heartbeating
         self._lock = threading.Lock()
-        self._in_flight: dict[int, tuple[Job, str]] = {}  # job id -> (job, lane)
+        self._in_flight: dict[int, _Held] = {}
         self._finishing: set[int] = set()  # ids whose complete/fail/release is under way
-        self._paused_until = 0.0
-        self._pause_on_claim: float | None = None
-        self._crash_on_claim = False
+        self._lanes: list[_Lane] = []
         self._threads: list[threading.Thread] = []
-        self._job_threads: list[threading.Thread] = []
 
     # -- control ---------------------------------------------------------------------
     @property
@@ -160,26 +210,30 @@ class Worker:
         # Fail fast, in the caller's thread, on a bad DSN or a missing table.
         with Queue(self.dsn) as probe:
             probe.check()
-        self._job_threads = [
-            threading.Thread(
-                target=self._work,
-                args=(self._lane(i),),
-                daemon=True,
-                name=f"pgqueue-{self._lane(i)}",
-            )
-            for i in range(self.concurrency)
+        slots = [
+            self.name if self.concurrency == 1 else f"{self.name}.{i}"
+            for i in range(1, 1 + self.concurrency)
         ]
-        self._threads = [
-            *self._job_threads,
-            threading.Thread(target=self._keep, daemon=True, name=f"pgqueue-{self.name}-keeper"),
-        ]
+        for slot in slots:
+            self._spawn(_Lane(slot))
+        self._threads.append(self._thread(self._keep, "keeper"))
         if self.listen:
-            self._threads.append(
-                threading.Thread(target=self._hear, daemon=True, name=f"pgqueue-{self.name}-listen")
-            )
-        for thread in self._threads:
-            thread.start()
+            self._threads.append(self._thread(self._hear, "listen"))
         return self
+
+    def _thread(self, target: Callable[[], None], what: str) -> threading.Thread:
+        thread = threading.Thread(target=target, daemon=True, name=f"pgqueue-{self.name}-{what}")
+        thread.start()
+        return thread
+
+    def _spawn(self, lane: _Lane) -> None:
+        lane.thread = threading.Thread(
+            target=self._work, args=(lane,), daemon=True, name=f"pgqueue-{lane.name}"
+        )
+        with self._lock:
+            self._lanes.append(lane)
+        self._threads.append(lane.thread)
+        lane.thread.start()
 
     def stop(self, grace: float = 10.0) -> None:
         """Stop claiming; let running handlers finish within ``grace`` seconds. Claimed jobs
@@ -188,130 +242,143 @@ class Worker:
         self._stop.set()
         self._bell.ring()
         deadline = time.monotonic() + grace
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        for thread in list(self._threads):
+            while thread.is_alive() and not self._force.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                thread.join(min(left, 0.1))
         self._abandoned.set()
 
     def join(self, timeout: float | None = None) -> None:
-        """Wait for the job threads to end (with ``burst=True``: the queue ran dry)."""
-        for thread in self._job_threads:
-            thread.join(timeout)
+        """Wait for the lanes to end (with ``burst=True``: the queue ran dry)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._working():
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
+
+    def _working(self) -> bool:
+        """Whether any current lane still runs (a retired lane's hung handler does not count)."""
+        with self._lock:
+            lanes = [lane for lane in self._lanes if not lane.retired]
+        return any(lane.thread is not None and lane.thread.is_alive() for lane in lanes)
 
     def run(self, grace: float = 10.0) -> None:
-        """Block until SIGINT/SIGTERM (or a dry queue with ``burst``), then stop gracefully."""
+        """Block until SIGINT/SIGTERM (or a dry queue with ``burst``), then stop gracefully;
+        a second signal stops at once. The previous signal handlers are restored after."""
+        previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, lambda *_: self._stop.set())
-        self.start()
-        while not self._stop.is_set() and any(t.is_alive() for t in self._job_threads):
-            self._stop.wait(0.2)
-        self.stop(grace)
+                previous[sig] = signal.signal(sig, self._on_signal)
+        try:
+            self.start()
+            while not self._stop.is_set() and self._working():
+                self._stop.wait(0.2)
+            self.stop(grace)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._stop.is_set():
+            self._force.set()
+            log.warning("%s: second signal: stopping now, without waiting for handlers", self.name)
+        else:
+            log.warning("%s: stopping after the running handlers (again to force)", self.name)
+        self._stop.set()
+        self._bell.ring()
 
     @property
     def in_flight(self) -> list[Job]:
         """Jobs claimed and not yet finished by this worker."""
         with self._lock:
-            return [job for job, _ in self._in_flight.values()]
+            return [held.job for held in self._in_flight.values()]
 
-    # -- teaching hooks: replay the failure stories ---------------------------------
-    def pause(self, seconds: float) -> None:
-        """Freeze now, like a GC pause or VM migration: no heartbeats, no progress, and
-        afterwards carry on as if no time had passed."""
-        self._paused_until = time.monotonic() + seconds
-        self.events.record("pause", self.name, detail=f"{seconds:g}")
+    # -- seams: no-ops here; the course's FaultyWorker (pgqueue.course.faults) freezes
+    # or kills the worker at these points to replay the failure stories ------------------
+    def _gate(self) -> None:
+        """A point where every thread of the worker may be held (a frozen process)."""
 
-    def pause_on_next_claim(self, seconds: float) -> None:
-        """Freeze right after the next claim, before its handler runs."""
-        self._pause_on_claim = seconds
+    def _after_claim(self, jobs: list[Job]) -> None:
+        """Called with each claimed batch, before any of it runs."""
 
-    def crash(self) -> None:
-        """Die now, like SIGKILL: stop heartbeating, write nothing more, drop connections."""
-        self._crashed.set()
+    def _halt(self) -> None:
+        """Stop at once and write nothing more: the leases run out, the reaper returns the jobs."""
+        self._halted.set()
         self._stop.set()
         self._bell.ring()
-        self.events.record("crash", self.name)
 
-    def crash_on_next_claim(self) -> None:
-        """Die right after the next claim, holding its jobs."""
-        self._crash_on_claim = True
-
-    # -- job threads -----------------------------------------------------------------
-    def _lane(self, index: int) -> str:
-        return self.name if self.concurrency == 1 else f"{self.name}.{index}"
-
+    # -- lanes -------------------------------------------------------------------------
     def _record(self, lane: str, kind: str, job: Job, detail: str = "") -> None:
         self.events.record(kind, lane, job.id, job.fence, detail)
 
-    def _work(self, lane: str) -> None:
+    def _work(self, lane: _Lane) -> None:
+        """A lane's loop. Nothing ends it but a stop, a dry queue in burst mode, or its
+        retirement: an error is logged and the lane carries on after a backoff."""
         link = _Link(self)
         delay = 0.05
         try:
-            while not self._stop.is_set():
-                self._sleep_while_paused()
-                seen = self._bell.generation
+            while not (self._stop.is_set() or lane.retired):
                 try:
-                    jobs = link.get().claim(self.queue, limit=self.batch, lease=self.lease)
+                    if not self._cycle(link, lane):
+                        return
                     delay = 0.05
-                except NotInstalled:
-                    raise
-                except _DISCONNECTS as exc:
+                except BaseException as exc:  # a lane must not die silently
                     link.drop()
-                    if self._stop.is_set():
-                        break
-                    log.warning("%s: claim failed (%s); reconnecting", lane, first_line(exc))
+                    self._forget_lane(lane, "a lane error")
+                    if self._stop.is_set() or lane.retired:
+                        return
+                    level = logging.WARNING if isinstance(exc, _DISCONNECTS) else logging.ERROR
+                    log.log(level, "%s: %s; carrying on in %.1fs", lane.name, describe(exc), delay)
                     time.sleep(delay)
                     delay = min(delay * 2, 2.0)
-                    continue
-                if not jobs:
-                    if self.burst:
-                        break
-                    self._bell.wait(seen, self.poll_interval)
-                    continue
-                self._take(jobs, lane)
-                if self._crash_on_claim:
-                    self._crash_on_claim = False
-                    self.crash()
-                    break
-                if self._pause_on_claim is not None:
-                    self.pause(self._pause_on_claim)
-                    self._pause_on_claim = None
-                self._run_batch(link, jobs, lane)
         finally:
             link.drop()
 
-    def _take(self, jobs: list[Job], lane: str) -> None:
+    def _cycle(self, link: _Link, lane: _Lane) -> bool:
+        """Claim one batch and run it; False when a burst worker found the queue dry."""
+        self._gate()
+        seen = self._bell.generation
+        jobs = link.get().claim(self.queue, limit=self.batch, lease=self.lease)
+        if not jobs:
+            if self.burst:
+                return False
+            self._bell.wait(seen, self.poll_interval)
+            return True
+        self._take(jobs, lane)
+        self._after_claim(jobs)
+        self._run_batch(link, jobs, lane)
+        return True
+
+    def _take(self, jobs: list[Job], lane: _Lane) -> None:
         # Per batch, not per job: one lock, one recorder shared by the batch, one record call.
         with self._lock:
             for job in jobs:
-                self._in_flight[job.id] = (job, lane)
-        on_event = functools.partial(self._record, lane)
+                self._in_flight[job.id] = _Held(job, lane)
+        on_event = functools.partial(self._record, lane.name)
         for job in jobs:
             job.on_event = on_event
-        self.events.record_many(("claim", lane, j.id, j.fence, str(j.attempts)) for j in jobs)
+        self.events.record_many(("claim", lane.name, j.id, j.fence, str(j.attempts)) for j in jobs)
 
-    def _run_batch(self, link: _Link, jobs: list[Job], lane: str) -> None:
+    def _run_batch(self, link: _Link, jobs: list[Job], lane: _Lane) -> None:
         succeeded: list[Job] = []
         for job in jobs:
-            if self._crashed.is_set():
-                return  # a crashed worker writes nothing; its leases run out
-            if self._stop.is_set():
-                self._finish(link, job, lane, "release")
+            if self._halted.is_set():
+                return  # a halted worker writes nothing; its leases run out
+            if self._stop.is_set() or lane.retired:
+                if self._own_finish(job):
+                    self._finish(link, job, lane, "release")
                 continue
-            self._sleep_while_paused()
-            if job.lost:  # taken over before its turn came: running it would run it twice
-                with self._lock:
-                    self._in_flight.pop(job.id, None)
-                self._record(lane, "skipped", job, "lease lost before it started")
+            self._gate()
+            if not self._begin(job, lane):
                 continue
-            job.conn = link.get().conn
-            try:
-                self.handler(job)
-                error = None
-            except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"
-            self._sleep_while_paused()  # a pause during the handler ends here
-            if self._crashed.is_set():
+            error = self._call(link, job)
+            self._gate()  # a freeze during the handler ends here
+            if self._halted.is_set():
                 return
+            if not self._own_finish(job):
+                continue  # timed out: the keeper failed it and replaced this lane
             if error is not None:
                 self._finish(link, job, lane, "fail", error)
             elif self.complete_in_batches:
@@ -321,12 +388,65 @@ class Worker:
         if succeeded:
             self._finish_many(link, succeeded, lane)
 
-    def _finish(self, link: _Link, job: Job, lane: str, action: str, error: str = "") -> None:
-        """complete / fail / release by fence, retried across reconnects (the fence makes
-        a retry safe: it can only take effect while we still own the job)."""
+    def _own_finish(self, job: Job) -> bool:
+        """Take the right to finish ``job`` (the lane and the keeper's timeout must not
+        both finish it); False if someone already did."""
+        with self._lock:
+            if job.id not in self._in_flight or job.id in self._finishing:
+                return False
+            self._finishing.add(job.id)
+            return True
+
+    def _begin(self, job: Job, lane: _Lane) -> bool:
+        """Mark the job started, unless it was lost (taken over, or its lease ran out here)
+        before its turn: running it then could run it twice."""
+        with self._lock:
+            held = self._in_flight.get(job.id)
+            if held is None or job.id in self._finishing:
+                return False
+            if not job.lost:
+                held.started = time.monotonic()
+                return True
+            del self._in_flight[job.id]
+        self._record(lane.name, "skipped", job, "lease lost before it started")
+        return False
+
+    def _call(self, link: _Link, job: Job) -> str | None:
+        """Run the handler; return None on success, else the error text for ``fail``.
+        Whatever the handler left on its connection is rolled back first."""
+        queue = link.get()
+        job.conn = queue.conn
+        error: str | None = None
+        try:
+            result = self.handler(job)
+            if inspect.isawaitable(result):
+                if inspect.iscoroutine(result):
+                    result.close()  # never awaited: close it, so Python does not warn later
+                error = (
+                    "TypeError: the handler returned an awaitable, which a threaded Worker "
+                    "cannot run: use an async handler with the async worker"
+                )
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt, CancelledError too
+            error = describe(exc)
+        conn = queue.conn
+        try:
+            if conn.closed:
+                link.drop()
+            elif conn.info.transaction_status != TransactionStatus.IDLE:
+                conn.rollback()
+                error = error or "the handler left a transaction open; pgqueue rolled it back"
+        except psycopg.Error:
+            link.drop()  # in no state to reuse: the next statement opens a new connection
+        return error
+
+    def _finish(self, link: _Link, job: Job, lane: _Lane, action: str, error: str = "") -> None:
+        """complete / fail / release by fence, retried across reconnects (the fence makes a
+        retry safe: it can only take effect while we still own the job). If a reply was
+        lost, the row is read back to learn whether the write took effect."""
         with self._lock:
             self._finishing.add(job.id)
-        for attempt in range(6):
+        outcome = "gave-up"
+        for attempt in range(_FINISH_TRIES):
             try:
                 queue = link.get()
                 if action == "complete":
@@ -335,73 +455,135 @@ class Worker:
                     ok = queue.fail(job, error, backoff=self.backoff)
                 else:
                     ok = queue.release(job)
+                if not ok and attempt > 0:
+                    ok = self._took_effect(queue, action, job, error)
+                outcome = "ok" if ok else "refused"
                 break
-            except _DISCONNECTS as exc:
+            except (psycopg.Error, ConnectError) as exc:
                 link.drop()
-                log.warning("%s: %s of job %s failed (%s)", lane, action, job.id, first_line(exc))
+                if self._halted.is_set():
+                    return
+                log.warning(
+                    "%s: %s of job %s failed (%s)", lane.name, action, job.id, describe(exc)
+                )
                 time.sleep(0.05 * 2**attempt)
-        else:
-            ok = False  # give up: the lease expires and the reaper returns the job
-        self._settle([job], lane, action, refused=set() if ok else {job.id}, error=error)
+        self._settle([job], lane, action, outcome={job.id: outcome}, error=error)
 
-    def _finish_many(self, link: _Link, jobs: list[Job], lane: str) -> None:
+    def _took_effect(self, queue: Queue, action: str, job: Job, error: str) -> bool:
+        """After a retry, whether our earlier try committed although its reply was lost."""
+        row = queue.get(job.id)
+        if row is None:
+            return False
+        if action == "complete":
+            took = row.status == "done" and row.fence == job.fence
+        elif action == "fail":
+            took = row.fence > job.fence and row.last_error == _text(error, 10_000)
+            if took:
+                job.status = row.status if row.status == "dead" else "ready"
+        else:
+            took = row.fence == job.fence and row.attempts == job.attempts - 1
+        if took and action != "fail":
+            job.status = "done" if action == "complete" else "ready"
+        return took
+
+    def _finish_many(self, link: _Link, jobs: list[Job], lane: _Lane) -> None:
         with self._lock:
             self._finishing.update(job.id for job in jobs)
         try:
             rejected = {j.id for j in link.get().complete_many(jobs)}
-        except _DISCONNECTS:
+        except (psycopg.Error, ConnectError):
             link.drop()
             for job in jobs:
                 self._finish(link, job, lane, "complete")
             return
-        self._settle(jobs, lane, "complete", refused=rejected)
+        outcome = {j.id: "refused" if j.id in rejected else "ok" for j in jobs}
+        self._settle(jobs, lane, "complete", outcome)
 
     def _settle(
-        self, jobs: list[Job], lane: str, action: str, refused: set[int], error: str = ""
+        self, jobs: list[Job], lane: _Lane, action: str, outcome: dict[int, str], error: str = ""
     ) -> None:
-        """Forget finished ``jobs`` (the ids in ``refused`` were late), count them and record
-        how each ended: one lock and one record call for the batch."""
+        """Forget finished ``jobs``, count them, record how each ended and log what needs a
+        person's eyes (failures, refusals, give-ups): one lock and one record call a batch."""
+        ok = [j for j in jobs if outcome[j.id] == "ok"]
         with self._lock:
             for job in jobs:
                 self._in_flight.pop(job.id, None)
                 self._finishing.discard(job.id)
-            self.rejected += len(refused)
+            self.rejected += sum(o == "refused" for o in outcome.values())
+            self.gave_up += sum(o == "gave-up" for o in outcome.values())
             if action == "complete":
-                self.done += len(jobs) - len(refused)
+                self.done += len(ok)
+            elif action == "fail":
+                self.failed += len(ok)
+                self.dead += sum(j.status == "dead" for j in ok)
+        kinds = {"ok": action, "refused": f"{action}-rejected", "gave-up": "gave-up"}
         self.events.record_many(
-            (f"{action}-rejected", lane, j.id, j.fence, "")
-            if j.id in refused
-            else (action, lane, j.id, j.fence, error)
+            (
+                kinds[outcome[j.id]],
+                lane.name,
+                j.id,
+                j.fence,
+                error if outcome[j.id] == "ok" else action,
+            )
             for j in jobs
         )
         for job in jobs:
-            if job.id in refused:
+            if outcome[job.id] == "refused":
                 log.warning(
-                    "%s: late %s of job %s refused: fence %s is stale",
-                    lane,
+                    "%s: late %s of job %s refused: fence %s is stale (another holder has it)",
+                    lane.name,
                     action,
                     job.id,
                     job.fence,
                 )
+            elif outcome[job.id] == "gave-up":
+                log.warning(
+                    "%s: gave up on the %s of job %s after %d tries; its lease will run out "
+                    "and the reaper will return it",
+                    lane.name,
+                    action,
+                    job.id,
+                    _FINISH_TRIES,
+                )
+            elif action == "fail":
+                then = (
+                    "now dead" if job.status == "dead" else f"retry in {job.retry_in or 0.0:.1f}s"
+                )
+                log.warning(
+                    "%s: job %s (%s) failed, attempt %d of %d: %s; %s",
+                    lane.name,
+                    job.id,
+                    job.queue,
+                    job.attempts,
+                    job.max_attempts,
+                    error.splitlines()[0] if error else "",
+                    then,
+                )
 
-    def _sleep_while_paused(self) -> None:
-        while (left := self._paused_until - time.monotonic()) > 0:
-            time.sleep(min(left, 0.05))
+    def _forget_lane(self, lane: _Lane, why: str) -> None:
+        """Stop heartbeating a lane's unfinished jobs: their leases run out and the reaper
+        returns them (used when the lane's own bookkeeping failed)."""
+        with self._lock:
+            left = [h.job for h in self._in_flight.values() if h.lane is lane]
+            for job in left:
+                del self._in_flight[job.id]
+                self._finishing.discard(job.id)
+        for job in left:
+            job.mark_lost()
+            log.warning("%s: left job %s to its lease after %s", lane.name, job.id, why)
 
-    # -- keeper: heartbeats and the reaper --------------------------------------------
+    # -- keeper: heartbeats, the reaper, local deadlines and timeouts ------------------
     def _keep(self) -> None:
         link = _Link(self)
         beat_every = self.lease / 3
         next_beat = time.monotonic() + beat_every
         next_reap = time.monotonic() + self.reap_interval * random.uniform(0.5, 1.0)
         try:
-            while not (self._crashed.is_set() or self._abandoned.is_set()):
+            while not (self._halted.is_set() or self._abandoned.is_set()):
                 if self._stop.is_set() and not self.in_flight:
                     break
+                self._gate()  # a frozen process sends no heartbeats
                 now = time.monotonic()
-                if now < self._paused_until:  # a frozen process sends no heartbeats
-                    time.sleep(0.02)
-                    continue
                 try:
                     if now >= next_beat:
                         self._heartbeat(link.get())
@@ -409,12 +591,18 @@ class Worker:
                     if now >= next_reap and not self._stop.is_set():
                         self._reap(link.get())
                         next_reap = now + self.reap_interval
-                except _DISCONNECTS as exc:
+                    self._expire()
+                    if self.timeout is not None:
+                        self._time_out(link)
+                except BaseException as exc:  # the keeper must not die silently either
                     link.drop()
-                    log.warning("%s: keeper lost its connection (%s)", self.name, first_line(exc))
+                    level = logging.WARNING if isinstance(exc, _DISCONNECTS) else logging.ERROR
+                    log.log(level, "%s: keeper: %s; reconnecting", self.name, describe(exc))
                     time.sleep(0.1)
                     continue
                 wait = max(0.005, min(next_beat, next_reap) - time.monotonic())
+                if self.timeout is not None or self._in_flight:
+                    wait = min(wait, 0.1)  # deadlines and timeouts are checked each tick
                 if self._stop.is_set():
                     time.sleep(min(wait, 0.05))  # stopping: keep beating for the grace period
                 else:
@@ -424,7 +612,7 @@ class Worker:
 
     def _heartbeat(self, queue: Queue) -> None:
         with self._lock:
-            held = [(job, lane) for job, lane in self._in_flight.values() if not job.lost]
+            held = [(h.job, h.lane) for h in self._in_flight.values() if not h.job.lost]
         if not held:
             return
         lost = {job.id for job in queue.heartbeat_many([j for j, _ in held], lease=self.lease)}
@@ -435,10 +623,75 @@ class Worker:
             if job.id in ended:
                 continue
             if job.id in lost:
-                self._record(lane, "lease-lost", job)
-                log.warning("%s: lost the lease on job %s (fence %s)", lane, job.id, job.fence)
+                self._record(lane.name, "lease-lost", job)
+                log.warning("%s: lost the lease on job %s (fence %s)", lane.name, job.id, job.fence)
             else:
-                self._record(lane, "heartbeat", job)
+                self._record(lane.name, "heartbeat", job)
+
+    def _expire(self) -> None:
+        """Jobs whose lease ran out on this worker's clock are lost, whether or not a
+        heartbeat could say so (a keeper cut off from the server cannot)."""
+        now = time.monotonic()
+        with self._lock:
+            expired = [
+                h
+                for h in self._in_flight.values()
+                if now >= h.job.deadline and not h.expiry_seen and h.job.id not in self._finishing
+            ]
+            for held in expired:
+                held.expiry_seen = True
+        for held in expired:
+            held.job.mark_lost()
+            self._record(held.lane.name, "lease-lost", held.job, "lease ran out here")
+            log.warning(
+                "%s: the lease on job %s ran out before a heartbeat could renew it",
+                held.lane.name,
+                held.job.id,
+            )
+
+    def _time_out(self, link: _Link) -> None:
+        """Fail each handler past ``timeout`` (the fence rises: its late writes are refused),
+        give back the unstarted jobs of its batch, and start a lane in its place."""
+        assert self.timeout is not None
+        now = time.monotonic()
+        with self._lock:
+            late = [
+                h
+                for h in self._in_flight.values()
+                if h.started is not None
+                and now - h.started > self.timeout
+                and h.job.id not in self._finishing
+                and not h.lane.retired
+            ]
+            victims: list[tuple[_Held, list[Job]]] = []
+            for held in late:
+                held.lane.retired = True
+                unstarted = [
+                    h.job
+                    for h in self._in_flight.values()
+                    if h.lane is held.lane and h.started is None
+                ]
+                for job in [held.job, *unstarted]:
+                    job.mark_lost()  # under the lock: the old lane cannot start it now
+                    self._finishing.add(job.id)
+                victims.append((held, unstarted))
+        for held, unstarted in victims:
+            lane, job = held.lane, held.job
+            self.timed_out += 1
+            successor = _Lane(lane.slot, lane.generation + 1)
+            if not self._stop.is_set():
+                self._spawn(successor)
+            log.warning(
+                "%s: job %s ran past the %gs timeout; failing it%s",
+                lane.name,
+                job.id,
+                self.timeout,
+                f" and starting lane {successor.name}" if not self._stop.is_set() else "",
+            )
+            error = f"TimeoutError: the handler ran past the {self.timeout:g} s timeout"
+            self._finish(link, job, lane, "fail", error)
+            for sibling in unstarted:
+                self._finish(link, sibling, lane, "release")
 
     def _reap(self, queue: Queue) -> None:
         reaped = queue.reap()
@@ -460,9 +713,9 @@ class Worker:
                         for note in conn.notifies(timeout=0.5):
                             if note.payload == self.queue:
                                 self._bell.ring()
-            except _DISCONNECTS as exc:
+            except Exception as exc:
                 if self._stop.is_set():
                     return
-                log.warning("%s: listener reconnecting (%s)", self.name, first_line(exc))
+                log.warning("%s: listener reconnecting (%s)", self.name, describe(exc))
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)

@@ -12,6 +12,7 @@ import pytest
 from conftest import rows
 from pgqueue import EventLog, Queue, Worker
 from pgqueue.course import lab, plot
+from pgqueue.course.faults import FaultyWorker
 
 matplotlib.use("Agg")
 
@@ -82,7 +83,7 @@ def test_timeline_draws_a_lane_per_worker_and_marks_rejected_writes(queue: Queue
     queue.enqueue({"n": 1}, queue="tl")
     log = EventLog()
     common = dict(queue="tl", dsn=dsn, lease=0.5, poll_interval=0.05, reap_interval=0.1)
-    a = Worker(lambda job: None, name="A", events=log, **common)  # type: ignore[arg-type]
+    a = FaultyWorker(lambda job: None, name="A", events=log, **common)  # type: ignore[arg-type]
     a.pause_on_next_claim(1.2)
     a.start()
     lab.wait_for(log, "claim", timeout=10)

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import rows
 from pgqueue import BadInput, EventLog, Job, NotInstalled, Queue, Worker
+from pgqueue.course.faults import FaultyWorker
 
 MakeWorker = Callable[..., Worker]
 
@@ -44,7 +45,7 @@ def make_worker(dsn: str) -> Iterator[MakeWorker]:
     """Build workers on this test's database with short intervals; stop them all after."""
     made: list[Worker] = []
 
-    def make(handler: Callable[[Job], Any], **kwargs: Any) -> Worker:
+    def make(handler: Callable[[Job], Any], *, faulty: bool = False, **kwargs: Any) -> Worker:
         options: dict[str, Any] = {
             "queue": "q",
             "dsn": dsn,
@@ -52,7 +53,7 @@ def make_worker(dsn: str) -> Iterator[MakeWorker]:
             "poll_interval": 0.1,
             "reap_interval": 0.2,
         }
-        worker = Worker(handler, **(options | kwargs))
+        worker = (FaultyWorker if faulty else Worker)(handler, **(options | kwargs))
         made.append(worker)
         return worker
 
@@ -163,7 +164,7 @@ def test_paused_worker_replays_the_seed_story(
         job.fenced_write("reports", {"id": 1}, {"body": f"fence {job.fence}"})
 
     lease = 0.5
-    a = make_worker(write_report, name="A", lease=lease, events=events)
+    a = make_worker(write_report, name="A", lease=lease, events=events, faulty=True)
     a.pause_on_next_claim(3.0)  # long enough for B to reap, claim and finish
     a.start()
     wait_for(lambda: rows(dsn, "SELECT fence FROM jobs") == [(1,)], what="A's claim")
@@ -255,7 +256,7 @@ def test_crashed_worker_job_comes_back_via_the_reaper(
 ) -> None:
     job_id = queue.enqueue({}, queue="q")
     events = EventLog()
-    a = make_worker(noop, name="A", lease=0.5, events=events)
+    a = make_worker(noop, name="A", lease=0.5, events=events, faulty=True)
     a.crash_on_next_claim()
     a.start()
     wait_for(lambda: events.count("crash"), what="A's crash")
@@ -331,7 +332,7 @@ def test_graceful_stop_releases_claimed_unstarted_jobs(
         "SELECT status, attempts, max_attempts - attempts, fence FROM jobs WHERE id <> %s",
         [handled[0]],
     )
-    assert released == [("ready", 1, 5, 1)] * 2  # attempt given back, fence = attempts
+    assert released == [("ready", 0, 5, 1)] * 2  # attempt given back; the fence stays risen
     assert worker.events.count("release") == 2
     assert worker.in_flight == []
 
@@ -372,7 +373,7 @@ def test_burst_worker_exits_when_the_queue_is_empty(
     queue.enqueue({}, queue="q", delay=3600)  # not runnable: burst does not wait for it
     worker = make_worker(noop, burst=True, concurrency=2, batch=2, poll_interval=30.0).start()
     worker.join(timeout=20)
-    assert not any(t.is_alive() for t in worker._job_threads)
+    assert not worker._working()
     worker.stop(grace=2)
     assert statuses(dsn) == {"done": 10, "ready": 1}
 

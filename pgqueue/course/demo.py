@@ -8,6 +8,7 @@ from ..events import EventLog
 from ..job import Job
 from ..queue import Queue
 from ..worker import Worker
+from .faults import FaultyWorker
 
 QUEUE = "demo"
 
@@ -41,7 +42,7 @@ def run_demo(dsn: str, *, pause: float = 2.0, lease: float = 1.0) -> EventLog:
 
         events = EventLog()
         common = dict(queue=QUEUE, dsn=dsn, lease=lease, poll_interval=0.1, reap_interval=0.2)
-        a = Worker(write_report, name="A", events=events, **common)  # type: ignore[arg-type]
+        a = FaultyWorker(write_report, name="A", events=events, **common)  # type: ignore[arg-type]
         a.pause_on_next_claim(pause)
         a.start()
         time.sleep(lease * 1.6)

@@ -22,6 +22,7 @@ from ..events import Event, EventLog
 from ..job import Job
 from ..queue import Queue
 from ..worker import Worker
+from .faults import FaultyWorker
 
 
 @cache
@@ -273,7 +274,9 @@ def lease_trial(
         q.enqueue_many([{"n": i} for i in range(jobs)], queue=queue)
 
     frozen = EventLog()
-    a = Worker(lambda job: time.sleep(work), name="A", concurrency=jobs, events=frozen, **common)
+    a = FaultyWorker(
+        lambda job: time.sleep(work), name="A", concurrency=jobs, events=frozen, **common
+    )
     b = Worker(lambda job: time.sleep(work), name="B", concurrency=jobs, events=frozen, **common)
     a.start()
     try:
@@ -292,7 +295,7 @@ def lease_trial(
     with Queue(dsn) as q:
         q.enqueue({"n": "crash"}, queue=queue)
     crashed = EventLog()
-    a = Worker(lambda job: None, name="A", events=crashed, **common)
+    a = FaultyWorker(lambda job: None, name="A", events=crashed, **common)
     a.crash_on_next_claim()
     a.start()
     b = Worker(lambda job: None, name="B", events=crashed, **common)

@@ -1,0 +1,377 @@
+"""Handlers are user code: what a misbehaving handler, a hung one, a stalled keeper or a
+lost reply does to a Worker, each against a real PostgreSQL. Whatever happens, no job
+stays ``running``, no lane dies silently, and late writes are refused by the fence."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from conftest import rows
+from pgqueue import Job, Queue, Worker
+from pgqueue import worker as worker_module
+
+MakeWorker = Callable[..., Worker]
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := check():
+            return result
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def statuses(dsn: str) -> dict[str, int]:
+    return dict(rows(dsn, "SELECT status, count(*) FROM jobs GROUP BY status"))
+
+
+@pytest.fixture
+def make_worker(dsn: str) -> Iterator[MakeWorker]:
+    made: list[Worker] = []
+
+    def make(handler: Callable[[Job], Any], cls: type[Worker] = Worker, **kwargs: Any) -> Worker:
+        options: dict[str, Any] = {
+            "queue": "q",
+            "dsn": dsn,
+            "lease": 2.0,
+            "poll_interval": 0.1,
+            "reap_interval": 0.2,
+            "backoff": 0,
+        }
+        worker = cls(handler, **(options | kwargs))
+        made.append(worker)
+        return worker
+
+    yield make
+    for worker in made:
+        worker.stop(grace=2)
+
+
+# -- 1. BaseException and broken connections -------------------------------------------
+@pytest.mark.parametrize(
+    "raised",
+    [SystemExit(3), KeyboardInterrupt(), asyncio.CancelledError(), GeneratorExit()],
+    ids=lambda e: type(e).__name__,
+)
+def test_a_handler_raising_base_exception_fails_its_job_and_the_lane_goes_on(
+    queue: Queue, dsn: str, make_worker: MakeWorker, raised: BaseException
+) -> None:
+    bad = queue.enqueue({"bad": True}, queue="q", max_attempts=1)
+    good = queue.enqueue_many([{"n": i} for i in range(5)], queue="q")
+
+    def handler(job: Job) -> None:
+        if job.payload.get("bad"):
+            raise raised
+
+    worker = make_worker(handler, concurrency=1, batch=3).start()
+    wait_for(lambda: statuses(dsn) == {"dead": 1, "done": 5}, what="bad dead, the rest done")
+    [(error,)] = rows(dsn, "SELECT last_error FROM jobs WHERE id = %s", [bad])
+    assert error.startswith(type(raised).__name__), error
+    assert worker.failed == 1 and worker.dead == 1 and worker.done == len(good)
+    assert worker.in_flight == []
+
+
+def test_a_handler_that_breaks_its_connection_cannot_break_the_bookkeeping(
+    queue: Queue, dsn: str, make_worker: MakeWorker
+) -> None:
+    """The seed's worker writes with the handler's connection; a handler that opens a
+    transaction and makes it fail once left the worker's fail in InFailedSqlTransaction."""
+    queue.enqueue({"kind": "aborted"}, queue="q", max_attempts=1)
+    queue.enqueue({"kind": "left-open"}, queue="q", max_attempts=1)
+    queue.enqueue({"kind": "closed"}, queue="q", max_attempts=1)
+    queue.enqueue_many([{"kind": "fine"} for _ in range(3)], queue="q")
+    queue.conn.execute("CREATE TABLE side (note text)")
+
+    def handler(job: Job) -> None:
+        assert job.conn is not None
+        kind = job.payload["kind"]
+        if kind == "aborted":
+            job.conn.execute("BEGIN")
+            job.conn.execute("SELECT 1/0")
+        elif kind == "left-open":
+            job.conn.execute("BEGIN")
+            job.conn.execute("INSERT INTO side VALUES ('never committed')")
+        elif kind == "closed":
+            job.conn.close()
+            raise RuntimeError("closed my own connection")
+
+    worker = make_worker(handler, concurrency=1, batch=6).start()
+    wait_for(lambda: statuses(dsn) == {"dead": 3, "done": 3}, what="3 dead, 3 done")
+    errors = dict(rows(dsn, "SELECT payload->>'kind', last_error FROM jobs WHERE status='dead'"))
+    assert errors["aborted"].startswith("DivisionByZero"), errors
+    assert "left a transaction open" in errors["left-open"], errors
+    assert errors["closed"].startswith("RuntimeError"), errors
+    assert rows(dsn, "SELECT count(*) FROM side") == [(0,)]  # the open transaction rolled back
+    idle = rows(
+        dsn,
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+        " AND state LIKE 'idle in transaction%%'",
+        [worker.app_name],
+    )
+    assert idle == [(0,)]
+
+
+def test_a_handler_returning_a_coroutine_is_an_error_not_a_silent_success(
+    queue: Queue, dsn: str, make_worker: MakeWorker
+) -> None:
+    ran: list[int] = []
+
+    async def handler(job: Job) -> None:
+        ran.append(job.id)
+
+    queue.enqueue({}, queue="q", max_attempts=1)
+    make_worker(handler).start()
+    wait_for(lambda: statuses(dsn) == {"dead": 1}, what="the job to fail")
+    [(error,)] = rows(dsn, "SELECT last_error FROM jobs")
+    assert "awaitable" in error and ran == []
+
+
+def test_every_failed_attempt_logs_one_line_and_the_worker_counts_it(
+    queue: Queue, dsn: str, make_worker: MakeWorker, caplog: pytest.LogCaptureFixture
+) -> None:
+    job_id = queue.enqueue({}, queue="q", max_attempts=2)
+
+    def handler(job: Job) -> None:
+        raise LookupError(f"no such table\nsecond line, attempt {job.attempts}")
+
+    caplog.set_level(logging.WARNING, logger="pgqueue")
+    worker = make_worker(handler).start()
+    wait_for(lambda: statuses(dsn) == {"dead": 1}, what="the job to go dead")
+    lines = [r.getMessage() for r in caplog.records if "failed, attempt" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert (
+        f"job {job_id} (q) failed, attempt 1 of 2: LookupError: no such table; retry in"
+        in (lines[0])
+    )
+    assert lines[1].endswith("now dead"), lines
+    assert all("\n" not in line for line in lines)
+    assert (worker.failed, worker.dead, worker.done) == (2, 1, 0)
+
+
+# -- 2. timeouts -----------------------------------------------------------------------
+def test_a_hung_handler_is_failed_at_its_timeout_and_its_lane_replaced(
+    queue: Queue, dsn: str, make_worker: MakeWorker
+) -> None:
+    queue.conn.execute(
+        "CREATE TABLE receipts (id int PRIMARY KEY, body text, fence bigint, job_id bigint)"
+    )
+    hung = queue.enqueue({"hang": True}, queue="q", max_attempts=1)
+    hang_over = threading.Event()
+    late: dict[str, bool] = {}
+
+    def handler(job: Job) -> None:
+        if job.payload.get("hang"):
+            hang_over.wait(30)  # hangs until the test lets it go
+            late["write"] = job.fenced_write("receipts", {"id": 1}, {"body": "late"})
+            late["lost"] = job.lost
+
+    worker = make_worker(handler, concurrency=1, batch=3, timeout=0.5).start()
+    wait_for(lambda: statuses(dsn).get("dead") == 1, what="the hung job to be failed")
+    [(error, fence, attempts)] = rows(
+        dsn, "SELECT last_error, fence, attempts FROM jobs WHERE id = %s", [hung]
+    )
+    assert error.startswith("TimeoutError") and "0.5 s timeout" in error
+    assert fence > attempts  # failing raised the fence: the hung handler's writes are stale
+    # concurrency is kept: a new lane drains the queue while the old one still hangs
+    others = queue.enqueue_many([{"n": i} for i in range(4)], queue="q")
+    wait_for(lambda: statuses(dsn) == {"dead": 1, "done": len(others)}, what="the rest done")
+    assert worker.timed_out == 1
+    assert any("/2" in e.worker for e in worker.events.events("complete"))
+    hang_over.set()
+    wait_for(lambda: "write" in late, what="the stale handler to return")
+    assert late == {"write": False, "lost": True}
+    assert rows(dsn, "SELECT count(*) FROM receipts") == [(0,)]
+    assert worker.done == len(others) and worker.rejected == 0
+
+
+def test_a_timed_out_batch_gives_back_its_unstarted_jobs(
+    queue: Queue, dsn: str, make_worker: MakeWorker
+) -> None:
+    queue.enqueue({"hang": True}, queue="q", max_attempts=1)
+    rest = queue.enqueue_many([{"n": i} for i in range(3)], queue="q")
+    hang_over = threading.Event()
+    ran: list[int] = []
+
+    def handler(job: Job) -> None:
+        ran.append(job.id)
+        if job.payload.get("hang"):
+            hang_over.wait(30)
+
+    make_worker(handler, concurrency=1, batch=4, timeout=0.5).start()
+    wait_for(lambda: statuses(dsn) == {"dead": 1, "done": 3}, what="siblings done by the new lane")
+    hang_over.set()
+    time.sleep(0.3)
+    assert sorted(ran[1:]) == rest and len(ran) == 4  # each sibling ran once, not twice
+    attempts = rows(dsn, "SELECT attempts FROM jobs WHERE id = ANY(%s)", [rest])
+    assert attempts == [(1,)] * 3  # the release gave the first claim's attempt back
+
+
+# -- 3. a stalled keeper: the local lease deadline --------------------------------------
+class StalledKeeper(Worker):
+    """A worker whose heartbeats hang, as on a half-open TCP connection."""
+
+    stall = threading.Event()
+
+    def _heartbeat(self, queue: Queue) -> None:
+        self.stall.wait(30)
+
+
+def test_a_stalled_keeper_does_not_start_jobs_after_their_lease_ran_out(
+    queue: Queue, dsn: str, make_worker: MakeWorker
+) -> None:
+    queue.enqueue_many([{"n": i} for i in range(2)], queue="q")
+    seen_lost: list[bool] = []
+    started: list[int] = []
+
+    def handler(job: Job) -> None:
+        started.append(job.id)
+        deadline = time.monotonic() + 5
+        while not job.lost and time.monotonic() < deadline:  # a long job that checks
+            time.sleep(0.02)
+        seen_lost.append(job.lost)
+
+    StalledKeeper.stall.clear()
+    worker = make_worker(handler, cls=StalledKeeper, lease=1.0, batch=2, reap_interval=100)
+    worker.start()
+    try:
+        wait_for(lambda: seen_lost, what="the handler to notice the lease ran out")
+        assert seen_lost == [True]  # no heartbeat said so: the local deadline did
+        time.sleep(0.3)
+        assert len(started) == 1  # its batch sibling, past its lease too, was never started
+        assert worker.events.count("skipped") == 1
+    finally:
+        StalledKeeper.stall.set()
+
+
+# -- 9. a lost reply, and giving up -----------------------------------------------------
+def test_a_completion_whose_reply_was_lost_is_counted_done_not_refused(
+    queue: Queue,
+    dsn: str,
+    make_worker: MakeWorker,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    real = worker_module.Queue.complete
+    calls: list[int] = []
+
+    def complete_then_lose_the_reply(self: Queue, job: Job) -> bool:
+        calls.append(job.id)
+        took = real(self, job)
+        if len(calls) == 1:
+            self.conn.close()  # the commit happened; the caller never hears of it
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return took
+
+    monkeypatch.setattr(worker_module.Queue, "complete", complete_then_lose_the_reply)
+    caplog.set_level(logging.WARNING, logger="pgqueue")
+    queue.enqueue({}, queue="q")
+    worker = make_worker(lambda job: None).start()
+    wait_for(lambda: worker.done == 1, what="the job to count as done")
+    assert (worker.rejected, worker.gave_up, statuses(dsn)) == (0, 0, {"done": 1})
+    assert not [r for r in caplog.records if "refused" in r.getMessage()]
+
+
+def test_a_worker_that_cannot_finish_says_it_gave_up_and_the_reaper_returns_the_job(
+    queue: Queue,
+    dsn: str,
+    make_worker: MakeWorker,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def never(self: Queue, job: Job) -> bool:
+        raise psycopg.OperationalError("no route to host")
+
+    monkeypatch.setattr(worker_module.Queue, "complete", never)
+    caplog.set_level(logging.WARNING, logger="pgqueue")
+    job_id = queue.enqueue({}, queue="q")
+    worker = make_worker(lambda job: None, lease=1.0, reap_interval=0.2).start()
+    wait_for(lambda: worker.gave_up == 1, what="the worker to give up")
+    assert worker.rejected == 0
+    assert any("gave up on the complete of job" in r.getMessage() for r in caplog.records)
+    monkeypatch.undo()
+    worker.stop(grace=1)
+    with Queue(dsn) as q:
+        wait_for(lambda: q.reap() or q.get(job_id).status == "ready", what="reaper")  # type: ignore[union-attr]
+        assert q.get(job_id).status == "ready"  # type: ignore[union-attr]
+
+
+# -- 10. signals -------------------------------------------------------------------------
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="signals need the main thread"
+)
+def test_run_restores_signal_handlers_and_a_second_signal_forces_the_stop(
+    queue: Queue, dsn: str
+) -> None:
+    def mine(signum: int, frame: object) -> None:
+        pass
+
+    previous = signal.signal(signal.SIGINT, mine)
+    try:
+        queue.enqueue({}, queue="q")
+        started = threading.Event()
+        release = threading.Event()
+
+        def handler(job: Job) -> None:
+            started.set()
+            release.wait(30)
+
+        worker = Worker(handler, queue="q", dsn=dsn, poll_interval=0.1, lease=5)
+
+        def interrupt_twice() -> None:
+            started.wait(10)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=interrupt_twice, daemon=True).start()
+        began = time.monotonic()
+        worker.run(grace=20)
+        assert time.monotonic() - began < 10  # the second signal did not wait out the grace
+        assert signal.getsignal(signal.SIGINT) is mine
+        assert signal.getsignal(signal.SIGTERM) is not worker._on_signal
+    finally:
+        release.set()
+        signal.signal(signal.SIGINT, previous)
+
+
+# -- 8. first in, first out among equals -------------------------------------------------
+def test_jobs_with_the_same_run_at_are_claimed_first_in_first_out(queue: Queue, dsn: str) -> None:
+    ids = queue.enqueue_many([{"n": i} for i in range(40)], queue="q")
+    # Update the first half, so their new row versions stand after the rest in the heap:
+    # a claim ordered by run_at alone would now take job 21 first.
+    queue.conn.execute("UPDATE jobs SET payload = payload WHERE id = ANY(%s)", [ids[:20]])
+    claimed = [job.id for _ in ids for job in queue.claim("q")]
+    assert claimed == ids
+
+
+def test_higher_priority_runs_first_and_the_claim_reads_the_index_in_order(
+    queue: Queue, dsn: str
+) -> None:
+    low = queue.enqueue_many([{"n": i} for i in range(3)], queue="q")
+    high = queue.enqueue({"urgent": True}, queue="q", priority=5)
+    assert [j.id for j in queue.claim("q", limit=4)] == [high, *low]
+    from pgqueue import statements
+
+    queue.conn.execute("SET enable_seqscan = off")  # a near-empty table: ask for the index
+    plan = "\n".join(
+        r[0]
+        for r in queue.conn.execute(
+            "EXPLAIN " + statements.query("claim"), {"queue": "q", "limit": 1, "lease": 30}
+        )
+    )
+    # The ready jobs come from the index in claim order: the only sort is of the claimed
+    # batch itself (at most ``limit`` rows), never of all ready jobs.
+    sorts = [line.strip() for line in plan.splitlines() if "Sort Key" in line]
+    assert "Index Scan using jobs_ready_idx" in plan, plan
+    assert all(key.startswith("Sort Key: claimed.") for key in sorts), plan
