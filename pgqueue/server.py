@@ -218,11 +218,15 @@ class EmbeddedServer:
 
     def _run(self, program: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         cmd = [str(self._bin_dir() / program), *args]
-        user = SERVER_USER if self._as_root else None
+        # As root: the server user's uid and own group, and none of root's groups.
+        ids: dict = {}
+        if self._as_root:
+            uid, gid = _ensure_server_user()
+            ids = {"user": uid, "group": gid, "extra_groups": []}
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         result = subprocess.run(
             cmd,
-            user=user,
+            **ids,
             env=env,
             stdin=subprocess.DEVNULL,
             capture_output=True,

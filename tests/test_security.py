@@ -118,6 +118,45 @@ def test_another_user_cannot_reach_the_socket(embedded: EmbeddedServer) -> None:
     assert result.returncode == 13, result.stderr
 
 
+def _server_processes(postmaster: int) -> list[int]:
+    """The postmaster and its children (checkpointer, walwriter, backends, ...)."""
+    found = [postmaster]
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                status = (entry / "status").read_text()
+            except OSError:
+                continue
+            if f"\nPPid:\t{postmaster}\n" in status:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="needs root: only root runs the server as another user"
+)
+def test_the_server_runs_without_root_groups(embedded: EmbeddedServer) -> None:
+    """Started by root, the server has its user's own group: not gid 0, none of root's
+    supplementary groups."""
+    import pwd
+
+    entry = pwd.getpwnam(SERVER_USER)
+    with psycopg.connect(embedded.dsn(), autocommit=True) as conn:  # a backend too
+        conn.execute("SELECT 1")
+        pids = _server_processes(_postmaster_pid(embedded))
+        assert len(pids) > 1
+        for pid in pids:
+            fields = dict(
+                line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+            )
+            uids = fields["Uid"].split()
+            gids = fields["Gid"].split()
+            groups = fields["Groups"].split()
+            assert set(uids) == {str(entry.pw_uid)}, (pid, uids)
+            assert set(gids) == {str(entry.pw_gid)}, (pid, gids)
+            assert "0" not in groups and set(groups) <= {str(entry.pw_gid)}, (pid, groups)
+
+
 # -- identifiers through psycopg.sql.Identifier, values as parameters ---------------------
 def _tables(dsn: str) -> set[str]:
     return {r[0] for r in rows(dsn, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
