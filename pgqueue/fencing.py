@@ -81,16 +81,15 @@ def fenced_write(
     if upsert:
         # The job column is written on insert only (unless it is the key): it never changes.
         owner = [] if job_id is None or job_column in key else [(j, sql.Placeholder("job"))]
-        accept = "{t}.{f} < EXCLUDED.{f}"
+        accept = sql.SQL("{t}.{f} < EXCLUDED.{f}")
         if job_id is not None:
-            accept = "{t}.{j} = EXCLUDED.{j} AND {t}.{f} <= EXCLUDED.{f}"
+            accept = sql.SQL("{t}.{j} = EXCLUDED.{j} AND {t}.{f} <= EXCLUDED.{f}")
         query = sql.SQL(
             "INSERT INTO {t} ({all_cols}) VALUES ({all_vals}) "
-            "ON CONFLICT ({keys}) DO UPDATE SET {sets} WHERE " + accept
+            "ON CONFLICT ({keys}) DO UPDATE SET {sets} WHERE {accept}"
         ).format(
             t=target,
-            f=f,
-            j=j,
+            accept=accept.format(t=target, f=f, j=j),
             all_cols=sql.SQL(", ").join([*keys, *cols, *(c for c, _ in owner), f]),
             all_vals=sql.SQL(", ").join(
                 [sql.Placeholder(f"k{i}") for i in range(len(keys))]
@@ -104,15 +103,13 @@ def fenced_write(
             ),
         )
     else:
-        accept = "{f} < %(fence)s"
+        accept = sql.SQL("{f} < %(fence)s")
         if job_id is not None:
-            accept = "{j} = %(job)s AND {f} <= %(fence)s"
-        query = sql.SQL(
-            "UPDATE {t} SET {sets}, {f} = %(fence)s WHERE {match} AND " + accept
-        ).format(
+            accept = sql.SQL("{j} = %(job)s AND {f} <= %(fence)s")
+        query = sql.SQL("UPDATE {t} SET {sets}, {f} = %(fence)s WHERE {match} AND {accept}").format(
             t=target,
             f=f,
-            j=j,
+            accept=accept.format(f=f, j=j),
             sets=sql.SQL(", ").join(
                 sql.SQL("{} = {}").format(c, sql.Placeholder(f"v{i}")) for i, c in enumerate(cols)
             ),
