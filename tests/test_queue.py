@@ -700,7 +700,7 @@ def test_fenced_upsert_accepts_only_a_newer_fence(reports: psycopg.Connection) -
 def test_fenced_update_accepts_only_a_newer_fence(reports: psycopg.Connection) -> None:
     assert not fenced_write(reports, "reports", {"id": 1}, {"body": "x"}, 5, upsert=False)
     assert report(reports) is None  # update mode never inserts
-    reports.execute("INSERT INTO reports VALUES (1, 'seed', 1)")
+    reports.execute("INSERT INTO reports (id, body, fence) VALUES (1, 'seed', 1)")
     assert fenced_write(reports, "reports", {"id": 1}, {"body": "two"}, 2, upsert=False)
     assert not fenced_write(reports, "reports", {"id": 1}, {"body": "one"}, 1, upsert=False)
     assert not fenced_write(reports, "reports", {"id": 1}, {"body": "two b"}, 2, upsert=False)
