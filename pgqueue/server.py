@@ -100,7 +100,8 @@ class EmbeddedServer:
                     "-l",
                     str(self.log),
                     "-o",
-                    f"-p {PORT}",
+                    # No TCP whatever postgresql.conf says: local connections are trusted.
+                    f"-p {PORT} -c listen_addresses=''",
                 )
         return self.dsn()
 
@@ -124,45 +125,40 @@ class EmbeddedServer:
     # -- internals ---------------------------------------------------------------------
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        self.home.mkdir(parents=True, exist_ok=True)
-        if self._as_root:
-            self.home.chmod(0o755)  # the server user must reach its data and socket
-        with open(self.home / "lock", "w") as lock:
+        for created in _make_dirs(self.home):
+            if self._as_root:
+                # The server user must reach its data and socket. Only directories made
+                # here: a PGQUEUE_HOME that already existed (say /tmp) keeps its mode.
+                created.chmod(0o755)
+        path = self.home / "lock"
+        try:
+            # Never through a symlink, never truncating: the home may be a shared directory.
+            lock = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise PgQueueError(f"embedded server: cannot open {path}: {exc.strerror}") from None
+        try:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+            yield
+        finally:
+            os.close(lock)  # releases the lock
 
     def _prepare(self) -> None:
         """Create the data and socket directories and run initdb, once."""
         owner = _ensure_server_user() if self._as_root else None
-        for path in (self.data, self.socket_dir):
-            path.mkdir(parents=True, exist_ok=True)
-            path.chmod(0o700)  # only this user (and root) may connect through the socket
-            if owner:
-                os.chown(path, *owner)
         if self._as_root and not _reachable_by_others(self.home):
             raise PgQueueError(
-                f"the server user {SERVER_USER!r} cannot reach {self.home}; "
-                "set PGQUEUE_HOME to a directory outside private homes"
+                f"the server user {SERVER_USER!r} cannot reach {self.home}: make every "
+                "directory on the way o+x (chmod 755 a home you made for pgqueue), or set "
+                "PGQUEUE_HOME to a directory outside private homes"
             )
+        for path in (self.data, self.socket_dir):
+            # Only this user (and root) may connect through the socket.
+            _private_dir(path, owner)
         if (self.data / "PG_VERSION").exists():
             return
-        self._run(
-            "initdb",
-            "-D",
-            str(self.data),
-            "-U",
-            "postgres",
-            "--auth=trust",
-            "--encoding=UTF8",
-            "--locale=C",
-            "--no-instructions",
-        )
         settings = {
-            "listen_addresses": "''",
-            "unix_socket_directories": f"'{self.socket_dir}'",
+            "listen_addresses": "",  # no TCP
+            "unix_socket_directories": str(self.socket_dir),
             "unix_socket_permissions": "0700",
             "max_connections": "300",
             "shared_buffers": "128MB",
@@ -170,9 +166,22 @@ class EmbeddedServer:
         }
         if not self.durable:
             settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
-        with open(self.data / "postgresql.conf", "a", encoding="utf-8") as conf:
-            conf.write("\n# pgqueue embedded server\n")
-            conf.writelines(f"{key} = {value}\n" for key, value in settings.items())
+        # initdb writes the settings into postgresql.conf itself (-c, PostgreSQL >= 16): no
+        # moment with a cluster on disk that would listen on TCP, where host lines would be
+        # trusted. Host lines reject anyway.
+        self._run(
+            "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "--auth-local=trust",
+            "--auth-host=reject",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-instructions",
+            *(arg for key, value in settings.items() for arg in ("-c", f"{key}={value}")),
+        )
 
     def _bin_dir(self) -> Path:
         source = package_bin_dir()
@@ -255,6 +264,56 @@ def _ensure_server_user() -> tuple[int, int]:
         )
         entry = pwd.getpwnam(SERVER_USER)
     return entry.pw_uid, entry.pw_gid
+
+
+def _make_dirs(path: Path) -> list[Path]:
+    """``mkdir -p path``; return the directories created here, outermost first."""
+    missing = []
+    for parent in [path, *path.parents]:
+        if parent.exists() or parent.is_symlink():
+            break
+        missing.append(parent)
+    created = []
+    for directory in reversed(missing):
+        try:
+            directory.mkdir()
+        except FileExistsError:  # another process made it meanwhile
+            continue
+        created.append(directory)
+    return created
+
+
+def _private_dir(path: Path, owner: tuple[int, int] | None) -> None:
+    """Make ``path`` a directory of ``owner`` (else of this user) with mode 0700, or check
+    that the one already there is one; never through a symlink. Its name may be guessed
+    by others (``/tmp/pgqueue-<uid>-<hash>``): whatever they planted there is refused."""
+    uid = owner[0] if owner else os.geteuid()
+    try:
+        os.mkdir(path, 0o700)
+        created = True
+    except FileExistsError:
+        created = False
+    except OSError as exc:
+        raise PgQueueError(f"embedded server: cannot create {path}: {exc.strerror}") from None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        fd = None
+    info = None
+    if fd is not None:
+        try:
+            if created:  # ours: nobody else may rename or remove it, even in a sticky /tmp
+                os.fchmod(fd, 0o700)  # whatever the umask
+                if owner:
+                    os.fchown(fd, *owner)
+            info = os.fstat(fd)
+        finally:
+            os.close(fd)
+    if info is None or info.st_uid != uid or stat.S_IMODE(info.st_mode) != 0o700:
+        raise PgQueueError(
+            f"embedded server: refusing {path}: not a directory of uid {uid} with mode 0700 "
+            "(a symlink, another owner or wider permissions); remove it or set PGQUEUE_HOME"
+        )
 
 
 def _root_owned_dir(path: Path) -> bool:

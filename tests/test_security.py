@@ -64,16 +64,21 @@ def _listening_inodes(table: str) -> dict[int, int]:
     return found
 
 
-@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
-def test_the_server_process_holds_no_tcp_socket(embedded: EmbeddedServer) -> None:
-    """From the kernel's side: none of the postmaster's sockets is a TCP listener, and
-    nothing at all listens on 127.0.0.1:<port> unless some other program does."""
-    pid = _postmaster_pid(embedded)
+def _socket_inodes(pid: int) -> set[int]:
+    """Inodes of the sockets process ``pid`` holds open."""
     inodes = set()
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         with_target = os.readlink(fd)
         if with_target.startswith("socket:["):
             inodes.add(int(with_target[8:-1]))
+    return inodes
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
+def test_the_server_process_holds_no_tcp_socket(embedded: EmbeddedServer) -> None:
+    """From the kernel's side: none of the postmaster's sockets is a TCP listener, and
+    nothing at all listens on 127.0.0.1:<port> unless some other program does."""
+    inodes = _socket_inodes(_postmaster_pid(embedded))
     assert inodes, "the postmaster should hold its unix socket"
     tcp = _listening_inodes("tcp") | _listening_inodes("tcp6")
     assert inodes.isdisjoint(tcp), "the embedded server listens on TCP"
@@ -155,6 +160,70 @@ def test_the_server_runs_without_root_groups(embedded: EmbeddedServer) -> None:
             assert set(uids) == {str(entry.pw_uid)}, (pid, uids)
             assert set(gids) == {str(entry.pw_gid)}, (pid, gids)
             assert "0" not in groups and set(groups) <= {str(entry.pw_gid)}, (pid, groups)
+
+
+@pytest.fixture
+def fresh_server() -> EmbeddedServer:
+    """A never-initialised server of its own (stopped and removed afterwards)."""
+    import shutil
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix="pgqueue-sec-"))
+    home.chmod(0o755)  # as root the server runs as another user, who must reach it
+    server = EmbeddedServer(home, durable=False)
+    yield server
+    server.stop()
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def _effective(conf: str, name: str) -> str | None:
+    """The value the last uncommented ``name = value`` line of a postgresql.conf sets."""
+    value = None
+    for line in conf.splitlines():
+        found = re.match(rf"\s*{name}\s*=\s*('(?:[^']|'')*'|[^\s#]*)", line)
+        if found:
+            value = found.group(1)
+    return value
+
+
+def test_initdb_writes_a_config_without_tcp(
+    fresh_server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cluster initdb leaves on disk already listens on no TCP address: nothing is
+    appended afterwards (an interrupted first start would have left TCP + trust)."""
+    seen: dict[str, str] = {}
+    run = fresh_server._run
+
+    def spy(program: str, *args: str, **kwargs: object) -> subprocess.CompletedProcess:
+        result = run(program, *args, **kwargs)  # type: ignore[arg-type]
+        if program == "initdb":
+            seen["conf"] = (fresh_server.data / "postgresql.conf").read_text()
+            seen["hba"] = (fresh_server.data / "pg_hba.conf").read_text()
+        return result
+
+    monkeypatch.setattr(fresh_server, "_run", spy)
+    fresh_server.start()
+    assert _effective(seen["conf"], "listen_addresses") == "''"
+    assert _effective(seen["conf"], "unix_socket_permissions") == "0700"
+    for line in seen["hba"].splitlines():
+        fields = line.split("#", 1)[0].split()
+        if fields and fields[0].startswith("host"):
+            assert fields[-1] == "reject", line
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
+def test_a_config_asking_for_tcp_still_gets_none(fresh_server: EmbeddedServer) -> None:
+    """Whatever postgresql.conf says (edited by hand, left half-written), the server is
+    started with listen_addresses='' on its command line."""
+    fresh_server.start()
+    fresh_server.stop()
+    with open(fresh_server.data / "postgresql.conf", "a", encoding="utf-8") as conf:
+        conf.write("listen_addresses = '127.0.0.1'\n")
+    fresh_server.start()
+    with psycopg.connect(fresh_server.dsn(), autocommit=True) as conn:
+        assert conn.execute("SHOW listen_addresses").fetchone() == ("",)
+    tcp = _listening_inodes("tcp") | _listening_inodes("tcp6")
+    assert _socket_inodes(_postmaster_pid(fresh_server)).isdisjoint(tcp)
 
 
 # -- identifiers through psycopg.sql.Identifier, values as parameters ---------------------

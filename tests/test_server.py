@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -14,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pgqueue import ConnectError, EmbeddedServer, Queue
+from pgqueue import ConnectError, EmbeddedServer, PgQueueError, Queue
 from pgqueue.server import SOCKET_DIR_MAX, default_home
 
 START = "import sys; from pgqueue.server import EmbeddedServer; " \
@@ -237,3 +238,91 @@ def test_a_planted_copy_of_the_binaries_is_replaced(
     finally:
         shutil.rmtree(shared, ignore_errors=True)
         shutil.rmtree(theirs, ignore_errors=True)
+
+
+@pytest.mark.parametrize("planted", ["symlink", "wide-open", "foreign"])
+def test_a_planted_tmp_socket_dir_is_refused(planted: str) -> None:
+    """A long home's socket dir has a name anyone can compute (/tmp/pgqueue-<uid>-<hash>):
+    what someone else put there is refused, and a symlink's target is left untouched."""
+    if planted == "foreign" and os.geteuid() != 0:
+        pytest.skip("needs root to plant a directory owned by another user")
+    base = _fresh_home()
+    server = EmbeddedServer(base / ("x" * 120), durable=False)
+    sock = server.socket_dir
+    assert sock.parent == Path("/tmp")
+    target = Path(tempfile.mkdtemp(prefix="pgqueue-target-"))
+    try:
+        (target / "precious").write_text("keep me")
+        target.chmod(0o755)
+        if planted == "symlink":
+            sock.symlink_to(target)
+        else:
+            sock.mkdir(mode=0o700)
+            sock.chmod(0o777 if planted == "wide-open" else 0o700)
+            if planted == "foreign":
+                os.chown(sock, 65534, 65534)  # nobody
+        with pytest.raises(PgQueueError, match="refusing") as info:
+            server.start()
+        assert "\n" not in str(info.value)
+        assert str(sock) in str(info.value)
+        assert not server.is_running()
+        info_after = target.stat()
+        assert stat.S_IMODE(info_after.st_mode) == 0o755
+        assert info_after.st_uid == os.geteuid()
+        assert sorted(p.name for p in target.iterdir()) == ["precious"]
+        assert (target / "precious").read_text() == "keep me"
+    finally:
+        server.stop()
+        if sock.is_symlink():
+            sock.unlink()
+        else:
+            shutil.rmtree(sock, ignore_errors=True)
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_tmp_socket_dir_is_made_private() -> None:
+    """Without anything planted, the short socket dir under /tmp is made and used."""
+    base = _fresh_home()
+    server = EmbeddedServer(base / ("y" * 120), durable=False)
+    try:
+        server.start()
+        info = os.lstat(server.socket_dir)
+        assert stat.S_ISDIR(info.st_mode)
+        assert stat.S_IMODE(info.st_mode) == 0o700
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        server.stop()
+        shutil.rmtree(server.socket_dir, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_an_existing_pgqueue_home_keeps_its_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PGQUEUE_HOME=/tmp must not cost /tmp its sticky bit: only directories pgqueue
+    makes itself are opened up (0755, as root, for the server user)."""
+    shared = Path(tempfile.mkdtemp(prefix="pgqueue-shared-"))
+    try:
+        shared.chmod(0o1777)  # like /tmp
+        monkeypatch.setenv("PGQUEUE_HOME", str(shared))
+        assert EmbeddedServer().stop() is False  # takes the lock: the home is "used"
+        assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+        made = shared / "made" / "here"
+        EmbeddedServer(made).stop()
+        if os.geteuid() == 0:
+            for path in (made.parent, made):
+                assert stat.S_IMODE(path.stat().st_mode) == 0o755, path
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_a_symlinked_lock_file_is_refused(tmp_path: Path) -> None:
+    """The lock file is opened without following a symlink and without truncating."""
+    victim = tmp_path / "victim"
+    victim.write_text("do not truncate")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "lock").symlink_to(victim)
+    with pytest.raises(PgQueueError, match="lock"):
+        EmbeddedServer(home).stop()
+    assert victim.read_text() == "do not truncate"
