@@ -1,4 +1,5 @@
-"""Where the connection comes from: ``--dsn``, ``PGQUEUE_DSN``, ``DATABASE_URL``, else embedded."""
+"""Where the connection comes from: ``--dsn``, ``PGQUEUE_DSN``, ``DATABASE_URL``, libpq's
+own environment (``PGHOST``, ``PGSERVICE``, ``PGDATABASE``, ...), else the embedded server."""
 
 from __future__ import annotations
 
@@ -10,16 +11,74 @@ from psycopg import conninfo
 
 from .errors import ConnectError
 
+# Any of these set means "the usual libpq way": libpq reads them (and PGPORT, PGUSER,
+# PGPASSFILE, ...) itself when given an empty DSN.
+LIBPQ_SELECTORS = ("PGHOST", "PGHOSTADDR", "PGSERVICE", "PGDATABASE")
+# What describe_dsn shows of libpq's environment (passwords as ***).
+LIBPQ_SHOWN = (
+    "PGHOST",
+    "PGHOSTADDR",
+    "PGPORT",
+    "PGUSER",
+    "PGDATABASE",
+    "PGSERVICE",
+    "PGSERVICEFILE",
+    "PGPASSFILE",
+    "PGPASSWORD",
+)
+
+
+def _source(dsn: str | None) -> tuple[str, str | None]:
+    """Which setting names the server, and its DSN (``None``: the embedded server)."""
+    for name, candidate in (
+        ("DSN given", dsn),
+        ("PGQUEUE_DSN", os.environ.get("PGQUEUE_DSN")),
+        ("DATABASE_URL", os.environ.get("DATABASE_URL")),
+    ):
+        if candidate:
+            return name, candidate
+    if any(os.environ.get(name) for name in LIBPQ_SELECTORS):
+        return "libpq environment", ""
+    return "embedded server", None
+
 
 def resolve_dsn(dsn: str | None = None) -> str:
-    """The DSN to use: the argument, then ``PGQUEUE_DSN``, ``DATABASE_URL``, else the
-    per-user embedded server (started on demand)."""
-    for candidate in (dsn, os.environ.get("PGQUEUE_DSN"), os.environ.get("DATABASE_URL")):
-        if candidate:
-            return candidate
+    """The DSN to use: the argument, then ``PGQUEUE_DSN``, ``DATABASE_URL``, then libpq's
+    environment if ``PGHOST``, ``PGHOSTADDR``, ``PGSERVICE`` or ``PGDATABASE`` is set (an
+    empty DSN: libpq reads ``PG*`` itself), else the per-user embedded server (started on
+    demand)."""
+    _, found = _source(dsn)
+    if found is not None:
+        return found
     from .server import default_server
 
     return default_server().start()
+
+
+def describe_dsn(dsn: str | None = None) -> str:
+    """One line saying which server ``dsn`` leads to, as given to ``resolve_dsn`` or as it
+    returned, with any password masked. Starts nothing and connects nowhere."""
+    from .server import default_server
+
+    source, found = _source(dsn)
+    embedded = default_server()
+    if found is None or (found and _host(found) == str(embedded.socket_dir)):
+        return f"embedded server at {embedded.socket_dir} (data in {embedded.data})"
+    if source == "libpq environment":
+        shown = [
+            f"{name}={'***' if name == 'PGPASSWORD' else os.environ[name]}"
+            for name in LIBPQ_SHOWN
+            if os.environ.get(name)
+        ]
+        return f"{source}: {' '.join(shown)}"
+    return f"{source}: {mask_dsn(found)}"
+
+
+def _host(dsn: str) -> str | None:
+    try:
+        return conninfo.conninfo_to_dict(dsn).get("host")  # type: ignore[return-value]
+    except psycopg.ProgrammingError:
+        return None
 
 
 def connect(
@@ -39,6 +98,12 @@ def connect(
             "fix --dsn / PGQUEUE_DSN, or unset them to use the embedded server"
         ) from None
     except psycopg.OperationalError as exc:
+        if not target:  # libpq's environment
+            raise ConnectError(
+                f"cannot connect to PostgreSQL from the {describe_dsn(target)}: "
+                f"{first_line(exc)}; check that the server runs and the PG* variables are "
+                "right, or unset PGHOST, PGSERVICE and PGDATABASE to use the embedded server"
+            ) from None
         raise ConnectError(
             f"cannot connect to PostgreSQL at {mask_dsn(target)!r}: "
             f"{_scrub(first_line(exc), target)}; "
