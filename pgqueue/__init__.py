@@ -15,15 +15,18 @@ from .errors import (
     BadInput,
     ConnectError,
     FenceConflict,
+    GiveUp,
     LeaseLost,
     NotInstalled,
     PgQueueError,
+    RetryAfter,
 )
 from .events import Event, EventLog
 from .fencing import fenced_write
 from .job import Job
-from .queue import Queue, Reaped
+from .queue import JobState, Queue, Reaped
 from .server import EmbeddedServer, default_server
+from .tasks import Task, Tasks
 from .worker import Worker
 
 __version__ = "0.1.0"
@@ -40,12 +43,17 @@ __all__ = [
     "Event",
     "EventLog",
     "FenceConflict",
+    "GiveUp",
     "Job",
+    "JobState",
     "LeaseLost",
     "NotInstalled",
     "PgQueueError",
     "Queue",
     "Reaped",
+    "RetryAfter",
+    "Task",
+    "Tasks",
     "Worker",
     "__version__",
     "connect",

@@ -26,3 +26,16 @@ class LeaseLost(PgQueueError):
 class FenceConflict(PgQueueError):
     """A fenced write met a row written by another job: fences of different jobs are not
     comparable, so nothing was written. Key the row by job, or use one job per row."""
+
+
+class GiveUp(Exception):
+    """Raise from a handler to send its job dead now, whatever attempts are left."""
+
+
+class RetryAfter(Exception):
+    """Raise from a handler to retry its job after ``seconds`` instead of the backoff (it
+    counts as an attempt, so ``max_attempts`` still bounds a job that keeps asking)."""
+
+    def __init__(self, seconds: float, reason: str = "") -> None:
+        super().__init__(reason or f"retry after {seconds:g} s")
+        self.seconds = seconds

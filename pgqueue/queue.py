@@ -18,7 +18,7 @@ from psycopg.types.json import Jsonb
 
 from . import statements
 from .db import connect
-from .errors import BadInput, NotInstalled
+from .errors import BadInput, NotInstalled, PgQueueError
 from .job import Job
 
 MAX_LEASE = 7 * 24 * 3600.0  # seconds; longer leases are a mistake, not a choice
@@ -26,6 +26,7 @@ MAX_BACKOFF = 24 * 3600.0  # seconds; the retry delay stops doubling here (see s
 MAX_ATTEMPTS = 1_000_000  # keeps attempts and max_attempts far inside the int column
 MAX_PRIORITY = 1_000_000  # priorities are small whole numbers, from -MAX to +MAX
 MAX_AGE = 100 * 365 * 86400.0  # seconds; prune's older_than beyond this overflows timestamps
+_KEY_TRIES = 5  # enqueues of one key racing each other settle within a try or two
 COPY_FROM = 2_000  # payloads; enqueue_many uses COPY from this many on (INSERT is as fast below)
 # One encoder for every payload: json.dumps with options builds a new one per call.
 _JSON = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
@@ -45,14 +46,17 @@ class JobState(NamedTuple):
 
     id: int
     queue: str
-    status: str
+    status: str  # ready, running, done, dead or cancelled
     payload: dict[str, Any]
     priority: int
+    key: str | None
     attempts: int
     max_attempts: int
     fence: int
     run_at: datetime
     lease_until: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
     last_error: str | None
 
 
@@ -106,15 +110,23 @@ class Queue:
         run_at: datetime | None = None,
         max_attempts: int = 5,
         priority: int = 0,
+        key: str | None = None,
         conn: psycopg.Connection | None = None,
     ) -> int:
         """Add one job and return its id (inside ``conn``'s transaction if given). Higher
-        ``priority`` runs first; among equals, the oldest ``run_at``, then the first in."""
+        ``priority`` runs first; among equals, the oldest ``run_at``, then the first in.
+        With a ``key`` that a ready or running job of the queue holds, nothing is added and
+        that job's id is returned; once it is done, dead or cancelled the key is free."""
         params = _job_params(queue, delay, run_at, max_attempts, priority)
         params["payload"] = _jsonb(payload)
-        row = self._run("enqueue", params, conn).fetchone()
-        assert row is not None
-        return int(row[0])
+        params["key"] = _key(key)
+        for _ in range(_KEY_TRIES):
+            row = self._run("enqueue", params, conn).fetchone()
+            if row is not None:
+                return int(row[0])
+            # A racing enqueue of the same key committed after this statement began: the
+            # index saw it, the snapshot did not. A new statement sees it (or its end).
+        raise PgQueueError(f"enqueue of key {key!r} kept racing with other enqueues; try again")
 
     def enqueue_many(
         self,
@@ -125,17 +137,59 @@ class Queue:
         run_at: datetime | None = None,
         max_attempts: int = 5,
         priority: int = 0,
+        keys: Sequence[str | None] | None = None,
         conn: psycopg.Connection | None = None,
     ) -> list[int]:
         """Add many jobs in one write (an INSERT, or a COPY from ``COPY_FROM`` jobs on), all or
-        none; return their ids in order (the order they will be claimed in, among equals)."""
+        none; return their ids in order (the order they will be claimed in, among equals).
+        With ``keys`` (one per payload, None for none), a key already held by a live job of
+        the queue adds nothing and gives that job's id; inside the batch the first one wins."""
         params = _job_params(queue, delay, run_at, max_attempts, priority)
         params["payloads"] = [_jsonb(p, index=i) for i, p in enumerate(payloads)]
+        if keys is not None:
+            if len(keys) != len(params["payloads"]):
+                raise BadInput(
+                    f"keys must give one key (or None) per payload: {len(keys)} keys for "
+                    f"{len(params['payloads'])} payloads"
+                )
+            params["keys"] = [_key(k) for k in keys]
         if not params["payloads"]:
             return []
+        if keys is not None:
+            return self._keyed_many(params, conn)
         if len(params["payloads"]) >= COPY_FROM:
             return self._copy_many(params, conn)
         return [int(r[0]) for r in self._run("enqueue_many", params, conn).fetchall()]
+
+    def _keyed_many(self, params: dict[str, Any], conn: psycopg.Connection | None) -> list[int]:
+        """``enqueue_many`` with keys: reserve ids, insert with ON CONFLICT DO NOTHING, then
+        give each payload the id of the job that holds its key."""
+        row = self._run("enqueue_reserve", params | {"n": len(params["payloads"])}, conn).fetchone()
+        assert row is not None
+        ids, run_at = sorted(row[0]), row[1]
+        found = self._run("enqueue_keyed", params | {"ids": ids, "run_at": run_at}, conn).fetchall()
+        added = {int(i) for i, k in found if k is None}
+        holders = {k: int(i) for i, k in found if k is not None}
+        result: list[int | None] = []
+        for job_id, key in zip(ids, params["keys"], strict=True):
+            if job_id in added:
+                holders.setdefault(key, job_id)  # the first of a key in the batch wins
+                result.append(job_id)
+            else:
+                result.append(holders.get(key))
+        missing = sorted({k for k, i in zip(params["keys"], result, strict=True) if i is None})
+        if missing:  # held by a racing enqueue that committed after the statement began
+            again = self._run("key_holders", {"queue": params["queue"], "keys": missing}, conn)
+            holders.update({k: int(i) for i, k in again.fetchall()})
+            result = [
+                holders.get(k) if i is None else i
+                for k, i in zip(params["keys"], result, strict=True)
+            ]
+        if None in result:
+            raise PgQueueError(
+                "enqueue_many: a key's job ended while it was being added; try again"
+            )
+        return [int(i) for i in result if i is not None]
 
     def _copy_many(self, params: dict[str, Any], conn: psycopg.Connection | None) -> list[int]:
         """``enqueue_many`` for large batches: reserve the ids, then COPY the jobs in."""
@@ -152,16 +206,27 @@ class Queue:
         return ids
 
     # -- consuming -------------------------------------------------------------------
-    def claim(self, queue: str = "default", *, limit: int = 1, lease: float = 30.0) -> list[Job]:
-        """Claim up to ``limit`` runnable jobs for ``lease`` seconds (fence and attempts + 1)."""
+    def claim(
+        self, queue: str | Sequence[str] = "default", *, limit: int = 1, lease: float = 30.0
+    ) -> list[Job]:
+        """Claim up to ``limit`` runnable jobs for ``lease`` seconds (fence and attempts + 1).
+        Given several queues, they are a preference: the first one's jobs are taken first,
+        and the next queue fills what is left of ``limit`` (one statement per queue asked)."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise BadInput(f"limit must be a whole number from 1 to 10000, got {limit!r}")
-        params = {"queue": _queue_name(queue), "limit": limit, "lease": _lease(lease)}
-        # The job's local deadline counts from before the claim was sent: the server's
-        # lease starts later than that, so this holder gives up first.
-        deadline = time.monotonic() + params["lease"]
-        rows = self._run("claim", params).fetchall()
-        return [Job(*row, conn=self.conn, deadline=deadline) for row in rows]
+        names = queue_names(queue)
+        lease = _lease(lease)
+        jobs: list[Job] = []
+        for name in names:
+            params = {"queue": name, "limit": limit - len(jobs), "lease": lease}
+            # The job's local deadline counts from before the claim was sent: the server's
+            # lease starts later than that, so this holder gives up first.
+            deadline = time.monotonic() + lease
+            rows = self._run("claim", params).fetchall()
+            jobs += [Job(*row, conn=self.conn, deadline=deadline) for row in rows]
+            if len(jobs) == limit:
+                break
+        return jobs
 
     def heartbeat(self, job: Job, *, lease: float = 30.0) -> bool:
         """Extend the job's lease; False (and ``job.lost``) if someone else holds it now."""
@@ -210,16 +275,28 @@ class Queue:
                 rejected.append(job)
         return rejected
 
-    def fail(self, job: Job, error: str, *, backoff: float = 1.0) -> bool:
+    def fail(
+        self,
+        job: Job,
+        error: str,
+        *,
+        backoff: float = 1.0,
+        delay: float | None = None,
+        give_up: bool = False,
+    ) -> bool:
         """Record ``error``; the job retries after ``backoff * 2**attempts`` seconds, or goes
         dead at max_attempts. False (and ``job.lost``) if its fence is stale. Either way
         this holder is done with the job: the fence rises, so its later writes are refused.
-        ``job.status`` tells which way it went ('ready' or 'dead'), ``job.retry_in`` when."""
+        ``job.status`` tells which way it went ('ready' or 'dead'), ``job.retry_in`` when.
+        ``delay`` retries after that many seconds instead of the backoff (it still counts as
+        an attempt); ``give_up`` sends the job dead at once."""
         params = {
             "id": job.id,
             "fence": job.fence,
             "error": _text(error, 10_000),
             "backoff": _seconds("backoff", backoff, upper=MAX_BACKOFF),
+            "delay": None if delay is None else _seconds("delay", delay, upper=MAX_BACKOFF),
+            "give_up": bool(give_up),
         }
         row = self._run("fail", params).fetchone()
         job.mark_lost()  # the fence moved on (or had already): nothing more from this holder
@@ -237,6 +314,12 @@ class Queue:
         if took_effect:
             job.status = "ready"
         return took_effect
+
+    def cancel(self, job_id: int) -> bool:
+        """Cancel a ready or running job; True if it was. A ready job never runs; a running
+        one's fence rises, so its holder's heartbeat, completion and fenced writes are
+        refused and its handler sees ``job.lost``. Done, dead or cancelled jobs: False."""
+        return self._run("cancel", {"id": _job_id(job_id)}).fetchone() is not None
 
     # -- housekeeping ----------------------------------------------------------------
     def reap(self) -> list[Reaped]:
@@ -272,9 +355,7 @@ class Queue:
 
     def get(self, job_id: int) -> JobState | None:
         """The job with this id as it is now, or None if there is none."""
-        if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id < 2**63:
-            raise BadInput(f"a job id is a whole number >= 1, got {job_id!r}")
-        row = self._run("get", {"id": job_id}).fetchone()
+        row = self._run("get", {"id": _job_id(job_id)}).fetchone()
         return None if row is None else JobState(*row)
 
     def stats(self) -> list[dict[str, Any]]:
@@ -300,6 +381,13 @@ class Queue:
     ) -> psycopg.Cursor:
         try:
             return (conn or self.conn).execute(statements.query(name), params, prepare=True)
+        except psycopg.errors.UniqueViolation as exc:
+            if exc.diag.constraint_name != "jobs_key_idx":
+                raise
+            raise BadInput(
+                "a job with the same key is ready or running in that queue: "
+                "let it finish or cancel it first"
+            ) from None
         except psycopg.errors.UndefinedTable:
             raise NotInstalled(
                 "the jobs table does not exist in this database: "
@@ -314,6 +402,34 @@ class Queue:
 
 
 # -- validation: bad input gets a one-line message before anything is written ---------
+def queue_names(queue: object) -> list[str]:
+    """One queue name, or a non-empty sequence of distinct ones, as a list."""
+    if isinstance(queue, str):
+        return [_queue_name(queue)]
+    if not isinstance(queue, list | tuple) or not queue:
+        raise BadInput(f"queue must be a name or a non-empty list of names, got {queue!r}")
+    names = [_queue_name(q) for q in queue]
+    if len(set(names)) != len(names):
+        raise BadInput(f"queue names must be distinct, got {names!r}")
+    return names
+
+
+def _job_id(job_id: object) -> int:
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id < 2**63:
+        raise BadInput(f"a job id is a whole number >= 1, got {job_id!r}")
+    return job_id
+
+
+def _key(key: object) -> str | None:
+    if key is None:
+        return None
+    if not isinstance(key, str) or not key or len(key) > 1000 or "\x00" in key:
+        raise BadInput(f"key must be a non-empty text of at most 1000 characters, got {key!r}")
+    if not _is_utf8(key):
+        raise BadInput(f"key is not valid UTF-8 text (lone surrogates): {key!r}")
+    return key
+
+
 def _queue_name(queue: object) -> str:
     if not isinstance(queue, str) or not queue.strip() or len(queue) > 200 or "\x00" in queue:
         raise BadInput(f"queue must be a non-empty name of at most 200 characters, got {queue!r}")

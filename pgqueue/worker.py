@@ -24,7 +24,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -33,10 +33,11 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from .db import connect, first_line, resolve_dsn
-from .errors import BadInput, ConnectError
+from .errors import BadInput, ConnectError, GiveUp, RetryAfter
 from .events import EventLog
 from .job import Job
-from .queue import MAX_BACKOFF, MAX_LEASE, Queue, _lease, _queue_name, _seconds, _text
+from .queue import MAX_BACKOFF, MAX_LEASE, Queue, _lease, _seconds, _text, queue_names
+from .tasks import Tasks
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -111,7 +112,17 @@ class _Held:
     job: Job
     lane: _Lane
     started: float | None = None  # time.monotonic() when the handler began
+    timeout: float | None = None  # this job's (its task's, else the worker's)
     expiry_seen: bool = False  # the keeper has reported its lease running out here
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """How a handler failed: the error text for ``last_error``, and what it asked for."""
+
+    error: str
+    delay: float | None = None  # RetryAfter
+    give_up: bool = False  # GiveUp
 
 
 def describe(exc: BaseException) -> str:
@@ -127,13 +138,16 @@ class Worker:
     (or, with ``burst=True``, until no runnable job is left). With ``timeout``, a handler
     running longer is failed (the job retries with backoff, or goes dead) and its lane
     replaced; the stale handler can no longer complete the job or write with its fence.
+    ``queue`` may list several queues: a preference order (see ``Queue.claim``). Given a
+    ``pgqueue.Tasks`` registry as handler, the worker runs every task's queue (unless
+    ``queue`` says otherwise) with each task's own timeout and backoff.
     """
 
     def __init__(
         self,
         handler: Handler,
         *,
-        queue: str = "default",
+        queue: str | Sequence[str] | None = None,
         dsn: str | None = None,
         concurrency: int = 1,
         batch: int = 1,
@@ -161,11 +175,14 @@ class Worker:
         if not callable(handler):
             raise BadInput(f"handler must be callable, got {handler!r}")
         # What the lanes' claims and fails would refuse, refused here instead.
-        _queue_name(queue)
+        self.tasks = handler if isinstance(handler, Tasks) else None
+        if queue is None:
+            queue = (self.tasks.queues or ["default"]) if self.tasks else "default"
+        self.queues = queue_names(queue)
         _lease(lease)
         _seconds("backoff", backoff, upper=MAX_BACKOFF)
         self.handler = handler
-        self.queue = queue
+        self.queue = self.queues[0] if len(self.queues) == 1 else self.queues
         self.dsn = resolve_dsn(dsn)
         self.concurrency = concurrency
         self.batch = batch
@@ -340,7 +357,7 @@ class Worker:
         """Claim one batch and run it; False when a burst worker found the queue dry."""
         self._gate()
         seen = self._bell.generation
-        jobs = link.get().claim(self.queue, limit=self.batch, lease=self.lease)
+        jobs = link.get().claim(self.queues, limit=self.batch, lease=self.lease)
         if not jobs:
             if self.burst:
                 return False
@@ -373,14 +390,14 @@ class Worker:
             self._gate()
             if not self._begin(job, lane):
                 continue
-            error = self._call(link, job)
+            failure = self._call(link, job)
             self._gate()  # a freeze during the handler ends here
             if self._halted.is_set():
                 return
             if not self._own_finish(job):
                 continue  # timed out: the keeper failed it and replaced this lane
-            if error is not None:
-                self._finish(link, job, lane, "fail", error)
+            if failure is not None:
+                self._finish(link, job, lane, "fail", failure)
             elif self.complete_in_batches:
                 succeeded.append(job)
             else:
@@ -406,40 +423,64 @@ class Worker:
                 return False
             if not job.lost:
                 held.started = time.monotonic()
+                held.timeout = self._timeout_for(job)
                 return True
             del self._in_flight[job.id]
         self._record(lane.name, "skipped", job, "lease lost before it started")
         return False
 
-    def _call(self, link: _Link, job: Job) -> str | None:
-        """Run the handler; return None on success, else the error text for ``fail``.
-        Whatever the handler left on its connection is rolled back first."""
+    def _call(self, link: _Link, job: Job) -> _Failure | None:
+        """Run the handler; return None on success, else how it failed. Whatever the
+        handler left on its connection is rolled back first."""
         queue = link.get()
         job.conn = queue.conn
-        error: str | None = None
+        failure: _Failure | None = None
         try:
             result = self.handler(job)
             if inspect.isawaitable(result):
                 if inspect.iscoroutine(result):
                     result.close()  # never awaited: close it, so Python does not warn later
-                error = (
+                failure = _Failure(
                     "TypeError: the handler returned an awaitable, which a threaded Worker "
                     "cannot run: use an async handler with the async worker"
                 )
+        except GiveUp as exc:
+            failure = _Failure(describe(exc), give_up=True)
+        except RetryAfter as exc:
+            failure = _Failure(describe(exc), delay=exc.seconds)
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, CancelledError too
-            error = describe(exc)
+            failure = _Failure(describe(exc))
         conn = queue.conn
         try:
             if conn.closed:
                 link.drop()
             elif conn.info.transaction_status != TransactionStatus.IDLE:
                 conn.rollback()
-                error = error or "the handler left a transaction open; pgqueue rolled it back"
+                if failure is None:
+                    failure = _Failure("the handler left a transaction open; it was rolled back")
         except psycopg.Error:
             link.drop()  # in no state to reuse: the next statement opens a new connection
-        return error
+        return failure
 
-    def _finish(self, link: _Link, job: Job, lane: _Lane, action: str, error: str = "") -> None:
+    def _timeout_for(self, job: Job) -> float | None:
+        task = self._task_of(job)
+        return task.timeout if task and task.timeout is not None else self.timeout
+
+    def _backoff_for(self, job: Job) -> float:
+        task = self._task_of(job)
+        return task.backoff if task and task.backoff is not None else self.backoff
+
+    def _task_of(self, job: Job) -> Any:
+        if self.tasks is None:
+            return None
+        try:
+            return self.tasks.for_job(job)
+        except LookupError:
+            return None
+
+    def _finish(
+        self, link: _Link, job: Job, lane: _Lane, action: str, failure: _Failure | None = None
+    ) -> None:
         """complete / fail / release by fence, retried across reconnects (the fence makes a
         retry safe: it can only take effect while we still own the job). If a reply was
         lost, the row is read back to learn whether the write took effect."""
@@ -452,11 +493,18 @@ class Worker:
                 if action == "complete":
                     ok = queue.complete(job)
                 elif action == "fail":
-                    ok = queue.fail(job, error, backoff=self.backoff)
+                    assert failure is not None
+                    ok = queue.fail(
+                        job,
+                        failure.error,
+                        backoff=self._backoff_for(job),
+                        delay=failure.delay,
+                        give_up=failure.give_up,
+                    )
                 else:
                     ok = queue.release(job)
                 if not ok and attempt > 0:
-                    ok = self._took_effect(queue, action, job, error)
+                    ok = self._took_effect(queue, action, job, failure.error if failure else "")
                 outcome = "ok" if ok else "refused"
                 break
             except (psycopg.Error, ConnectError) as exc:
@@ -467,6 +515,7 @@ class Worker:
                     "%s: %s of job %s failed (%s)", lane.name, action, job.id, describe(exc)
                 )
                 time.sleep(0.05 * 2**attempt)
+        error = failure.error if failure else ""
         self._settle([job], lane, action, outcome={job.id: outcome}, error=error)
 
     def _took_effect(self, queue: Queue, action: str, job: Job, error: str) -> bool:
@@ -592,17 +641,16 @@ class Worker:
                         self._reap(link.get())
                         next_reap = now + self.reap_interval
                     self._expire()
-                    if self.timeout is not None:
-                        self._time_out(link)
+                    self._time_out(link)
                 except BaseException as exc:  # the keeper must not die silently either
                     link.drop()
                     level = logging.WARNING if isinstance(exc, _DISCONNECTS) else logging.ERROR
                     log.log(level, "%s: keeper: %s; reconnecting", self.name, describe(exc))
                     time.sleep(0.1)
                     continue
-                wait = max(0.005, min(next_beat, next_reap) - time.monotonic())
-                if self.timeout is not None or self._in_flight:
-                    wait = min(wait, 0.1)  # deadlines and timeouts are checked each tick
+                # Ticks of at most 0.1 s: a job claimed meanwhile may have a timeout or a
+                # local deadline to watch (a tick that sends nothing costs no statement).
+                wait = min(0.1, max(0.005, min(next_beat, next_reap) - time.monotonic()))
                 if self._stop.is_set():
                     time.sleep(min(wait, 0.05))  # stopping: keep beating for the grace period
                 else:
@@ -652,14 +700,14 @@ class Worker:
     def _time_out(self, link: _Link) -> None:
         """Fail each handler past ``timeout`` (the fence rises: its late writes are refused),
         give back the unstarted jobs of its batch, and start a lane in its place."""
-        assert self.timeout is not None
         now = time.monotonic()
         with self._lock:
             late = [
                 h
                 for h in self._in_flight.values()
                 if h.started is not None
-                and now - h.started > self.timeout
+                and h.timeout is not None
+                and now - h.started > h.timeout
                 and h.job.id not in self._finishing
                 and not h.lane.retired
             ]
@@ -685,11 +733,11 @@ class Worker:
                 "%s: job %s ran past the %gs timeout; failing it%s",
                 lane.name,
                 job.id,
-                self.timeout,
+                held.timeout,
                 f" and starting lane {successor.name}" if not self._stop.is_set() else "",
             )
-            error = f"TimeoutError: the handler ran past the {self.timeout:g} s timeout"
-            self._finish(link, job, lane, "fail", error)
+            error = f"TimeoutError: the handler ran past the {held.timeout:g} s timeout"
+            self._finish(link, job, lane, "fail", _Failure(error))
             for sibling in unstarted:
                 self._finish(link, sibling, lane, "release")
 
@@ -697,7 +745,7 @@ class Worker:
         reaped = queue.reap()
         for row in reaped:
             self.events.record("reap", self.name, row.id, row.fence, row.status)
-        if any(row.queue == self.queue and row.status == "ready" for row in reaped):
+        if any(row.queue in self.queues and row.status == "ready" for row in reaped):
             self._bell.ring()
 
     # -- listener: LISTEN/NOTIFY as a wake-up hint ------------------------------------
@@ -711,7 +759,7 @@ class Worker:
                     self._bell.ring()  # we may have missed hints while (re)connecting
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=0.5):
-                            if note.payload == self.queue:
+                            if note.payload in self.queues:
                                 self._bell.ring()
             except Exception as exc:
                 if self._stop.is_set():

@@ -9,11 +9,24 @@ SELECT 1 FROM jobs LIMIT 0;
 
 -- name: enqueue
 -- Add one job, runnable at %(run_at)s or %(delay)s seconds from now; NOTIFY fires at commit.
-INSERT INTO jobs (queue, payload, run_at, max_attempts, priority)
-VALUES (%(queue)s, %(payload)s,
-        coalesce(%(run_at)s, now() + make_interval(secs => %(delay)s)), %(max_attempts)s,
-        %(priority)s)
-RETURNING id;
+-- With a %(key)s that a ready or running job of the queue holds, add nothing and return
+-- that job's id (added = false). The unique index decides, so racing enqueues cannot both
+-- add; a row that the index saw but this statement's snapshot cannot (committed by a
+-- racing enqueue a moment ago) returns no row at all: the caller asks again.
+WITH added AS (
+  INSERT INTO jobs (queue, payload, run_at, max_attempts, priority, key)
+  VALUES (%(queue)s, %(payload)s,
+          coalesce(%(run_at)s, now() + make_interval(secs => %(delay)s)), %(max_attempts)s,
+          %(priority)s, %(key)s)
+  ON CONFLICT (queue, key) WHERE key IS NOT NULL AND status IN ('ready', 'running')
+  DO NOTHING
+  RETURNING id
+)
+SELECT id, true AS added FROM added
+UNION ALL
+SELECT id, false FROM jobs
+WHERE %(key)s::text IS NOT NULL AND NOT EXISTS (SELECT FROM added)
+  AND queue = %(queue)s AND key = %(key)s AND status IN ('ready', 'running');
 
 -- name: enqueue_many
 -- Add many jobs in one statement (one notification per queue, not per job).
@@ -37,6 +50,30 @@ FROM generate_series(1, %(n)s);
 -- large batches). One statement: all rows or none, and one notification per queue.
 COPY jobs (id, queue, payload, run_at, max_attempts, priority) FROM STDIN (FORMAT binary);
 
+-- name: enqueue_keyed
+-- Add many jobs with keys, under ids reserved by enqueue_reserve: the first of a key wins,
+-- inside the batch too. Returns the ids added (key NULL), then the live jobs of the queue
+-- that already held one of the keys (id, key).
+WITH added AS (
+  INSERT INTO jobs (id, queue, payload, run_at, max_attempts, priority, key)
+  SELECT i, %(queue)s, p, %(run_at)s, %(max_attempts)s, %(priority)s, k
+  FROM unnest(%(ids)s::bigint[], %(payloads)b::jsonb[], %(keys)s::text[])
+       WITH ORDINALITY AS t(i, p, k, n)
+  ORDER BY n
+  ON CONFLICT (queue, key) WHERE key IS NOT NULL AND status IN ('ready', 'running')
+  DO NOTHING
+  RETURNING id
+)
+SELECT id, NULL::text FROM added
+UNION ALL
+SELECT id, key FROM jobs
+WHERE queue = %(queue)s AND key = ANY(%(keys)s::text[]) AND status IN ('ready', 'running');
+
+-- name: key_holders
+-- The live jobs of %(queue)s that hold one of %(keys)s (a second look, with a new snapshot).
+SELECT id, key FROM jobs
+WHERE queue = %(queue)s AND key = ANY(%(keys)s::text[]) AND status IN ('ready', 'running');
+
 -- name: claim
 -- Take up to %(limit)s ready jobs, highest priority first, then oldest, then first in;
 -- SKIP LOCKED lets competing workers pass each other. Returned in that order.
@@ -45,7 +82,8 @@ WITH claimed AS (
   SET status      = 'running',
       attempts    = attempts + 1,
       fence       = fence + 1,
-      lease_until = now() + make_interval(secs => %(lease)s)
+      lease_until = now() + make_interval(secs => %(lease)s),
+      started_at  = now()
   WHERE id IN (
     SELECT id FROM jobs
     WHERE queue = %(queue)s AND status = 'ready' AND run_at <= now()
@@ -76,29 +114,30 @@ RETURNING jobs.id;
 -- name: complete
 -- Mark one job done, only if the caller still holds its fence.
 UPDATE jobs
-SET status = 'done', lease_until = NULL
+SET status = 'done', lease_until = NULL, finished_at = now()
 WHERE id = %(id)s AND fence = %(fence)s AND status = 'running';
 
 -- name: complete_many
 -- Mark many jobs done in one fenced statement; returns the ids that took effect.
 UPDATE jobs
-SET status = 'done', lease_until = NULL
+SET status = 'done', lease_until = NULL, finished_at = now()
 FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS held(id, fence)
 WHERE jobs.id = held.id AND jobs.fence = held.fence AND jobs.status = 'running'
 RETURNING jobs.id;
 
 -- name: fail
--- Record an error; retry after %(backoff)s * 2^attempts seconds (at most a day: a larger
--- delay would overflow the interval type), or go dead at max_attempts. The fence rises
--- too, so nothing more from this attempt is accepted: not a late write of a handler that
--- timed out, not a second fail.
+-- Record an error; retry after %(delay)s seconds if given, else %(backoff)s * 2^attempts
+-- (at most a day: a larger delay would overflow the interval type), or go dead at
+-- max_attempts or when %(give_up)s. The fence rises too, so nothing more from this attempt
+-- is accepted: not a late write of a handler that timed out, not a second fail.
 UPDATE jobs
-SET status      = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'ready' END,
-    run_at      = now() + make_interval(
-                    secs => least(%(backoff)s * power(2, least(attempts, 60)), 86400)),
+SET status      = CASE WHEN %(give_up)s OR attempts >= max_attempts THEN 'dead' ELSE 'ready' END,
+    run_at      = now() + make_interval(secs => coalesce(%(delay)s::float8,
+                    least(%(backoff)s * power(2, least(attempts, 60)), 86400))),
     lease_until = NULL,
     fence       = fence + 1,
-    last_error  = %(error)s
+    last_error  = %(error)s,
+    finished_at = CASE WHEN %(give_up)s OR attempts >= max_attempts THEN now() END
 WHERE id = %(id)s AND fence = %(fence)s AND status = 'running'
 RETURNING status, extract(epoch FROM run_at - now())::float8 AS retry_in;
 
@@ -117,7 +156,8 @@ WHERE id = %(id)s AND fence = %(fence)s AND status = 'running';
 UPDATE jobs
 SET status      = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'ready' END,
     run_at      = now(),
-    lease_until = NULL
+    lease_until = NULL,
+    finished_at = CASE WHEN attempts >= max_attempts THEN now() END
 WHERE status = 'running' AND lease_until < now()
 RETURNING id, queue, status, fence;
 
@@ -127,7 +167,8 @@ UPDATE jobs
 SET status       = 'ready',
     run_at       = now(),
     max_attempts = attempts + %(extra)s,
-    last_error   = NULL
+    last_error   = NULL,
+    finished_at  = NULL
 WHERE queue = %(queue)s AND status = 'dead'
 RETURNING id;
 
@@ -138,16 +179,27 @@ UPDATE jobs
 SET status       = 'ready',
     run_at       = now(),
     max_attempts = attempts + %(extra)s,
-    last_error   = NULL
+    last_error   = NULL,
+    finished_at  = NULL
 WHERE id = ANY(%(ids)s::bigint[]) AND status = 'dead'
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 RETURNING id;
 
+-- name: cancel
+-- Cancel a ready or running job. Its fence rises, so a running job's holder is refused
+-- from now on (heartbeat, complete, fail, fenced writes) and learns it through job.lost:
+-- the fence does the cancelling. Returns the status it had.
+UPDATE jobs AS j
+SET status = 'cancelled', fence = j.fence + 1, lease_until = NULL, finished_at = now()
+FROM (SELECT id, status FROM jobs WHERE id = %(id)s FOR UPDATE) AS before
+WHERE j.id = before.id AND before.status IN ('ready', 'running')
+RETURNING before.status;
+
 -- name: get
 -- One job as it is now, by id (for inspection, and to learn how a write whose reply was
 -- lost ended).
-SELECT id, queue, status, payload, priority, attempts, max_attempts, fence, run_at,
-       lease_until, last_error
+SELECT id, queue, status, payload, priority, key, attempts, max_attempts, fence, run_at,
+       lease_until, started_at, finished_at, last_error
 FROM jobs
 WHERE id = %(id)s;
 

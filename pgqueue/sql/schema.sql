@@ -6,7 +6,7 @@ CREATE TABLE IF NOT EXISTS jobs (
   id           bigserial   PRIMARY KEY,
   queue        text        NOT NULL,
   payload      jsonb       NOT NULL,
-  status       text        NOT NULL DEFAULT 'ready', -- ready | running | done | dead
+  status       text        NOT NULL DEFAULT 'ready', -- ready running done dead cancelled
   run_at       timestamptz NOT NULL DEFAULT now(),
   attempts     int         NOT NULL DEFAULT 0,
   max_attempts int         NOT NULL DEFAULT 5,
@@ -16,8 +16,12 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 
 -- Columns added after the first release: ADD COLUMN IF NOT EXISTS upgrades a table made
--- by an older pgqueue in place (`pgqueue init` again).
-ALTER TABLE jobs ADD COLUMN IF NOT EXISTS priority int NOT NULL DEFAULT 0; -- higher runs first
+-- by an older pgqueue in place (`pgqueue init` again). jobs_archive gets the same columns
+-- in the same order below, so pruning can move whole rows.
+ALTER TABLE jobs ADD COLUMN IF NOT EXISTS priority    int NOT NULL DEFAULT 0; -- higher first
+ALTER TABLE jobs ADD COLUMN IF NOT EXISTS key         text;        -- unique while ready/running
+ALTER TABLE jobs ADD COLUMN IF NOT EXISTS started_at  timestamptz; -- the latest attempt began
+ALTER TABLE jobs ADD COLUMN IF NOT EXISTS finished_at timestamptz; -- done, dead or cancelled
 
 -- Ready jobs, in the claim's order (priority, then oldest, then first in), so the claim
 -- reads the first rows of this index instead of sorting every ready job. It stays small
@@ -35,9 +39,17 @@ CREATE INDEX IF NOT EXISTS jobs_ready_idx ON jobs (queue, priority DESC, run_at,
   WHERE status = 'ready';
 -- Running jobs, for the reaper's lease check.
 CREATE INDEX IF NOT EXISTS jobs_lease_idx ON jobs (lease_until) WHERE status = 'running';
+-- A job's key is taken while the job is ready or running: the database enforces it, so
+-- concurrent enqueues cannot both add one. Also small: only live jobs with a key.
+CREATE UNIQUE INDEX IF NOT EXISTS jobs_key_idx ON jobs (queue, key)
+  WHERE key IS NOT NULL AND status IN ('ready', 'running');
 
 -- Where prune(archive=True) moves done jobs.
 CREATE TABLE IF NOT EXISTS jobs_archive (LIKE jobs);
+ALTER TABLE jobs_archive ADD COLUMN IF NOT EXISTS priority    int NOT NULL DEFAULT 0;
+ALTER TABLE jobs_archive ADD COLUMN IF NOT EXISTS key         text;
+ALTER TABLE jobs_archive ADD COLUMN IF NOT EXISTS started_at  timestamptz;
+ALTER TABLE jobs_archive ADD COLUMN IF NOT EXISTS finished_at timestamptz;
 
 -- LISTEN/NOTIFY is only a hint: workers poll anyway. Postgres folds identical
 -- notifications within one transaction, so a bulk enqueue sends one per queue.
