@@ -81,17 +81,55 @@ def _host(dsn: str) -> str | None:
         return None
 
 
+# TCP keepalives and a bound on unacknowledged data, so a dead peer or a half-open
+# connection is noticed in about half a minute instead of the kernel's two hours (a
+# keeper stuck on one sends no heartbeats). A DSN that sets any of them wins.
+KEEPALIVES = {
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "30000",  # milliseconds
+}
+
+
+def pgbouncer_mode(flag: bool | None = None) -> bool:
+    """Whether to talk to PgBouncer in transaction mode: the flag if given, else the
+    ``PGQUEUE_PGBOUNCER`` environment variable (1/true/yes)."""
+    if flag is not None:
+        return flag
+    return os.environ.get("PGQUEUE_PGBOUNCER", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
 def connect(
-    dsn: str | None = None, *, autocommit: bool = True, application_name: str = "pgqueue"
+    dsn: str | None = None,
+    *,
+    autocommit: bool = True,
+    application_name: str = "pgqueue",
+    pgbouncer: bool = False,
 ) -> psycopg.Connection:
     """Open a connection (autocommit by default: every statement is its own short
     transaction, so no session sits idle in a transaction). ``application_name`` shows
-    in ``pg_stat_activity``, so you can tell workers apart there."""
+    in ``pg_stat_activity``, so you can tell workers apart there. With ``pgbouncer``, no
+    server-side prepared statements: in transaction mode each statement may land on
+    another server connection."""
     target = resolve_dsn(dsn)
     try:
-        return psycopg.connect(
-            target, autocommit=autocommit, connect_timeout=10, application_name=application_name
+        given = conninfo.conninfo_to_dict(target)
+    except psycopg.ProgrammingError:
+        given = {}  # malformed: psycopg.connect below says how
+    extra = {k: v for k, v in KEEPALIVES.items() if k not in given}
+    try:
+        conn = psycopg.connect(
+            target,
+            autocommit=autocommit,
+            connect_timeout=10,
+            application_name=application_name,
+            **extra,
         )
+        if pgbouncer:
+            conn.prepare_threshold = None
+        return conn
     except psycopg.ProgrammingError as exc:  # malformed DSN
         raise ConnectError(
             f"invalid DSN {mask_dsn(target)!r}: {_scrub(first_line(exc), target)}; "

@@ -17,7 +17,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from . import statements
-from .db import connect
+from .db import connect, first_line, pgbouncer_mode
 from .errors import BadInput, NotInstalled, PgQueueError
 from .job import Job
 
@@ -68,13 +68,21 @@ class Queue:
     """
 
     def __init__(
-        self, target: str | psycopg.Connection | None = None, *, application_name: str = "pgqueue"
+        self,
+        target: str | psycopg.Connection | None = None,
+        *,
+        application_name: str = "pgqueue",
+        pgbouncer: bool | None = None,
     ) -> None:
         self._owned = not isinstance(target, psycopg.Connection)
+        # Behind PgBouncer in transaction mode (``pgbouncer=True`` or PGQUEUE_PGBOUNCER=1)
+        # nothing is prepared on the server; otherwise every statement is, once.
+        self.pgbouncer = pgbouncer_mode(pgbouncer)
+        self._prepare: bool | None = None if self.pgbouncer else True
         self.conn: psycopg.Connection = (
             target
             if isinstance(target, psycopg.Connection)
-            else connect(target, application_name=application_name)
+            else connect(target, application_name=application_name, pgbouncer=self.pgbouncer)
         )
 
     # -- lifecycle -------------------------------------------------------------------
@@ -380,13 +388,23 @@ class Queue:
         self, name: str, params: dict[str, Any], conn: psycopg.Connection | None = None
     ) -> psycopg.Cursor:
         try:
-            return (conn or self.conn).execute(statements.query(name), params, prepare=True)
+            return (conn or self.conn).execute(
+                statements.query(name), params, prepare=self._prepare
+            )
         except psycopg.errors.UniqueViolation as exc:
             if exc.diag.constraint_name != "jobs_key_idx":
                 raise
             raise BadInput(
                 "a job with the same key is ready or running in that queue: "
                 "let it finish or cancel it first"
+            ) from None
+        except (
+            psycopg.errors.DuplicatePreparedStatement,
+            psycopg.errors.InvalidSqlStatementName,
+        ) as exc:
+            raise PgQueueError(
+                f"prepared statements failed ({first_line(exc)}): behind PgBouncer in "
+                "transaction mode? Use --pgbouncer (PGQUEUE_PGBOUNCER=1, Queue(pgbouncer=True))"
             ) from None
         except psycopg.errors.UndefinedTable:
             raise NotInstalled(

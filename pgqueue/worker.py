@@ -32,7 +32,7 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from .db import connect, first_line, resolve_dsn
+from .db import connect, describe_dsn, first_line, pgbouncer_mode, resolve_dsn
 from .errors import BadInput, ConnectError, GiveUp, RetryAfter
 from .events import EventLog
 from .job import Job
@@ -74,7 +74,11 @@ class _Link:
         delay = 0.05
         while self.queue is None:
             try:
-                self.queue = Queue(self.worker.dsn, application_name=self.worker.app_name)
+                self.queue = Queue(
+                    self.worker.dsn,
+                    application_name=self.worker.app_name,
+                    pgbouncer=self.worker.pgbouncer,
+                )
             except ConnectError as exc:
                 if self.worker.stopping:
                     raise
@@ -154,6 +158,8 @@ class Worker:
         lease: float = 30.0,
         poll_interval: float = 2.0,
         listen: bool = True,
+        listen_dsn: str | None = None,
+        pgbouncer: bool | None = None,
         reap_interval: float = 5.0,
         backoff: float = 1.0,
         timeout: float | None = None,
@@ -184,6 +190,10 @@ class Worker:
         self.handler = handler
         self.queue = self.queues[0] if len(self.queues) == 1 else self.queues
         self.dsn = resolve_dsn(dsn)
+        # Behind PgBouncer in transaction mode a LISTEN would be lost with its server
+        # connection: listen only on a direct one (listen_dsn), else poll.
+        self.pgbouncer = pgbouncer_mode(pgbouncer)
+        self.listen_dsn = listen_dsn
         self.concurrency = concurrency
         self.batch = batch
         self.lease = float(lease)
@@ -225,8 +235,17 @@ class Worker:
         if self._threads:
             raise RuntimeError(f"worker {self.name} was already started")
         # Fail fast, in the caller's thread, on a bad DSN or a missing table.
-        with Queue(self.dsn) as probe:
+        with Queue(self.dsn, pgbouncer=self.pgbouncer) as probe:
             probe.check()
+        log.info(
+            "%s: %s; queues %s; %d lanes, batch %d, lease %gs",
+            self.name,
+            describe_dsn(self.dsn),
+            ", ".join(self.queues),
+            self.concurrency,
+            self.batch,
+            self.lease,
+        )
         slots = [
             self.name if self.concurrency == 1 else f"{self.name}.{i}"
             for i in range(1, 1 + self.concurrency)
@@ -234,7 +253,14 @@ class Worker:
         for slot in slots:
             self._spawn(_Lane(slot))
         self._threads.append(self._thread(self._keep, "keeper"))
-        if self.listen:
+        if self.listen and self.pgbouncer and not self.listen_dsn:
+            log.warning(
+                "%s: behind PgBouncer LISTEN needs a direct connection (listen_dsn, "
+                "--listen-dsn); polling every %gs instead",
+                self.name,
+                self.poll_interval,
+            )
+        elif self.listen:
             self._threads.append(self._thread(self._hear, "listen"))
         return self
 
@@ -753,7 +779,7 @@ class Worker:
         delay = 0.05
         while not self._stop.is_set():
             try:
-                with connect(self.dsn, application_name=self.app_name) as conn:
+                with connect(self.listen_dsn or self.dsn, application_name=self.app_name) as conn:
                     conn.execute("LISTEN pgqueue")
                     delay = 0.05
                     self._bell.ring()  # we may have missed hints while (re)connecting
