@@ -11,7 +11,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .db import mask_dsn, resolve_dsn
+import psycopg
+
+from .db import describe_dsn, first_line, mask_dsn, resolve_dsn
 from .errors import BadInput, PgQueueError
 from .queue import Queue
 
@@ -28,25 +30,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(message)s",
     )
+    if args.pgbouncer:
+        os.environ["PGQUEUE_PGBOUNCER"] = "1"  # every Queue and Worker of this command
     try:
         return int(args.func(args) or 0)
     except (UsageError, BadInput) as exc:
-        print(f"pgqueue {args.command}: {exc}", file=sys.stderr)
-        return 2
+        return _fail(args, exc, 2)
     except PgQueueError as exc:
-        print(f"pgqueue {args.command}: {exc}", file=sys.stderr)
+        return _fail(args, exc, 1)
+    except BrokenPipeError:
+        # `pgqueue stats | head -1`: the reader left; say nothing more, and keep Python
+        # from complaining about the closed stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except psycopg.Error as exc:
+        return _fail(args, f"{type(exc).__name__}: {first_line(exc)}", 1)
+    except OSError as exc:  # PermissionError, a full disk, ...
+        return _fail(args, f"{type(exc).__name__}: {exc}", 1)
     except KeyboardInterrupt:
         return 130
+
+
+def _fail(args: argparse.Namespace, error: object, code: int) -> int:
+    print(f"pgqueue {args.command}: {error}", file=sys.stderr)
+    return code
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pgqueue",
         description="PostgreSQL as a job queue: SKIP LOCKED claims, leases, fencing tokens.",
-        epilog="Database: --dsn, else PGQUEUE_DSN, else DATABASE_URL, else an embedded server.",
+        epilog="Database: --dsn, else PGQUEUE_DSN, else DATABASE_URL, else libpq's PGHOST/"
+        "PGSERVICE/PGDATABASE, else an embedded server. Exit codes: 0 ok, 1 runtime error, "
+        "2 usage or bad input, 3 server status: stopped.",
     )
     parser.add_argument("--dsn", help="libpq connection string or URL")
+    parser.add_argument(
+        "--pgbouncer",
+        action="store_true",
+        help="the DSN is PgBouncer in transaction mode: no prepared statements, no LISTEN "
+        "(also PGQUEUE_PGBOUNCER=1)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -62,17 +86,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("payload", nargs="?", help="JSON object; omit to read one per line of stdin")
     p.add_argument("--delay", type=float, default=0.0, help="seconds before the job may run")
     p.add_argument("--max-attempts", type=int, default=5, help="attempts before it goes dead")
+    p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
+    p.add_argument("--key", help="unique key: while a live job of the queue holds it, add nothing")
 
     p = command("worker", cmd_worker, "run a worker: MODULE:FUNCTION is called with each job")
-    p.add_argument("handler", help="import path of the handler, e.g. myapp.tasks:send_email")
-    p.add_argument("--queue", "-q", default="default", help="queue to work on")
+    p.add_argument(
+        "handler",
+        help="import path of the handler (myapp.jobs:send_email) or of a pgqueue.Tasks "
+        "registry (myapp:tasks)",
+    )
+    p.add_argument(
+        "--queue",
+        "-q",
+        action="append",
+        help="queue to work on; repeat for several, in order of preference "
+        "(default: a registry's queues, else 'default')",
+    )
     p.add_argument("--concurrency", "-c", type=int, default=1, help="threads")
     p.add_argument("--batch", type=int, default=1, help="jobs per claim")
     p.add_argument("--lease", type=float, default=30.0, help="lease in seconds")
     p.add_argument("--poll", type=float, default=2.0, help="poll interval in seconds")
     p.add_argument("--backoff", type=float, default=1.0, help="retry after BACKOFF*2^attempts s")
     p.add_argument("--reap-interval", type=float, default=5.0, help="seconds between reaps")
+    p.add_argument(
+        "--timeout", type=float, help="fail a handler running longer than this many seconds"
+    )
     p.add_argument("--no-listen", action="store_true", help="poll only, no LISTEN/NOTIFY")
+    p.add_argument(
+        "--listen-dsn", help="a direct connection for LISTEN (with --pgbouncer); else polling"
+    )
     p.add_argument("--burst", action="store_true", help="exit when no runnable job is left")
     p.add_argument("--name", default=f"worker-{os.getpid()}", help="name in logs and events")
 
@@ -85,9 +127,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--older-than", type=float, default=0.0, help="seconds (by run_at)")
     p.add_argument("--archive", action="store_true", help="move them to jobs_archive")
 
-    p = command("retry-dead", cmd_retry_dead, "give dead jobs of a queue more attempts")
-    p.add_argument("queue", help="queue name")
+    p = command("retry-dead", cmd_retry_dead, "give dead jobs more attempts")
+    p.add_argument("queue", nargs="?", help="queue name (default 'default'; with --id: any)")
+    p.add_argument("--id", type=int, action="append", dest="ids", help="only this job; repeat")
     p.add_argument("--extra", type=int, default=1, help="attempts to add")
+
+    p = command(
+        "cancel", cmd_cancel, "cancel jobs: a ready one never runs, a running one is fenced"
+    )
+    p.add_argument("ids", type=int, nargs="+", metavar="ID", help="job ids")
+
+    p = command("show", cmd_show, "one job as it is now")
+    p.add_argument("id", type=int, metavar="ID", help="job id")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = command("server", cmd_server, "manage the embedded PostgreSQL server")
     p.add_argument("action", choices=["start", "stop", "status", "dsn"])
@@ -141,9 +193,16 @@ def cmd_enqueue(args: argparse.Namespace) -> None:
                 ) from None
             if line:
                 payloads.append(_parse_json(line, f"stdin line {number}"))
+    if args.key is not None and len(payloads) != 1:
+        raise UsageError("--key names one job: give one payload, not lines on stdin")
     with _queue(args) as q:
         ids = q.enqueue_many(
-            payloads, queue=args.queue, delay=args.delay, max_attempts=args.max_attempts
+            payloads,
+            queue=args.queue,
+            delay=args.delay,
+            max_attempts=args.max_attempts,
+            priority=args.priority,
+            keys=None if args.key is None else [args.key],
         )
     print(
         f"enqueued {len(ids)} job(s) on {args.queue!r}"
@@ -183,23 +242,35 @@ def cmd_worker(args: argparse.Namespace) -> None:
     from .worker import Worker
 
     handler = load_handler(args.handler)
+    dsn = resolve_dsn(args.dsn)
     worker = Worker(
         handler,
         queue=args.queue,
-        dsn=resolve_dsn(args.dsn),
+        dsn=dsn,
         concurrency=args.concurrency,
         batch=args.batch,
         lease=args.lease,
         poll_interval=args.poll,
         backoff=args.backoff,
         reap_interval=args.reap_interval,
+        timeout=args.timeout,
         listen=not args.no_listen,
+        listen_dsn=args.listen_dsn,
         burst=args.burst,
         name=args.name,
     )
     logging.getLogger("pgqueue").setLevel(logging.INFO if args.verbose else logging.WARNING)
+    print(
+        f"{args.name}: {describe_dsn(dsn)}; queue {', '.join(worker.queues)}; "
+        f"{args.concurrency} lane(s), batch {args.batch}",
+        file=sys.stderr,
+    )
     worker.run()
-    print(f"{args.name}: {worker.done} done, {worker.rejected} late writes refused")
+    print(
+        f"{args.name}: {worker.done} done, {worker.failed} failed attempts "
+        f"({worker.dead} now dead, {worker.timed_out} timed out), "
+        f"{worker.rejected} late writes refused"
+    )
 
 
 def cmd_reap(args: argparse.Namespace) -> None:
@@ -233,8 +304,32 @@ def cmd_prune(args: argparse.Namespace) -> None:
 
 def cmd_retry_dead(args: argparse.Namespace) -> None:
     with _queue(args) as q:
-        ids = q.retry_dead(args.queue, extra=args.extra)
-    print(f"requeued {len(ids)} dead job(s) on {args.queue!r}")
+        ids = q.retry_dead(args.queue, ids=args.ids, extra=args.extra)
+    where = f"on {args.queue or 'default'!r}" if args.ids is None else "of the ids given"
+    print(f"requeued {len(ids)} dead job(s) {where}")
+    if args.ids is not None and (skipped := sorted(set(args.ids) - set(ids))):
+        print(f"not dead (or not found{' in that queue' if args.queue else ''}): {skipped}")
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with _queue(args) as q:
+        results = {job_id: q.cancel(job_id) for job_id in args.ids}
+    for job_id, cancelled in results.items():
+        print(f"job {job_id}: {'cancelled' if cancelled else 'not ready or running; unchanged'}")
+    return 0 if all(results.values()) else 1
+
+
+def cmd_show(args: argparse.Namespace) -> None:
+    with _queue(args) as q:
+        job = q.get(args.id)
+    if job is None:
+        raise PgQueueError(f"no job {args.id}")
+    fields = job._asdict()
+    if args.json:
+        print(json.dumps(fields, default=str))
+        return
+    for name, value in fields.items():
+        print(f"{name:<13} {json.dumps(value) if name == 'payload' else value}")
 
 
 def cmd_server(args: argparse.Namespace) -> int:
@@ -248,6 +343,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     elif args.action == "status":
         running = server.is_running()
         print(f"{'running' if running else 'stopped'}: {server.home}")
+        print(f"in use: {describe_dsn(args.dsn)}")
         return 0 if running else 3
     else:
         print(server.dsn())
@@ -256,8 +352,15 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> None:
     from .course.demo import run_demo
+    from .course.lab import scratch_database
 
     dsn = resolve_dsn(args.dsn)
     logging.getLogger("pgqueue.worker").setLevel(logging.ERROR)  # the story says it all
-    print(f"database: {mask_dsn(dsn)}")
-    run_demo(dsn, pause=args.pause)
+    try:
+        # A database of its own, dropped afterwards: nothing is left in yours.
+        with scratch_database("pgqueue_demo", dsn) as target:
+            print(f"database: {mask_dsn(target)} (dropped afterwards)")
+            run_demo(target, pause=args.pause)
+    except psycopg.errors.InsufficientPrivilege:
+        print(f"database: {mask_dsn(dsn)} (no right to create one; the demo tidies up)")
+        run_demo(dsn, pause=args.pause, tidy=True)

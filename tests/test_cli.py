@@ -187,7 +187,7 @@ def test_worker_burst_drains_and_exits(dsn: str) -> None:
         "--concurrency", "2", "--poll", "30", "--name", "cli-burst", dsn=dsn,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "cli-burst: 5 done, 0 late writes refused" in result.stdout
+    assert "cli-burst: 5 done, 0 failed attempts" in result.stdout
     assert rows(dsn, "SELECT DISTINCT status FROM jobs") == [("done",)]
 
 

@@ -24,7 +24,7 @@ _SAY = {
 }
 
 
-def run_demo(dsn: str, *, pause: float = 2.0, lease: float = 1.0) -> EventLog:
+def run_demo(dsn: str, *, pause: float = 2.0, lease: float = 1.0, tidy: bool = False) -> EventLog:
     """Worker A claims and freezes past its lease; B takes over; A's late writes bounce."""
     with Queue(dsn) as q:
         q.install()
@@ -61,4 +61,7 @@ def run_demo(dsn: str, *, pause: float = 2.0, lease: float = 1.0) -> EventLog:
         ).fetchone() or ("?", 0)
         print(f"\njob {job_id}: {status}, fence {final}; report: {body!r} (fence {fence})")
         print("A woke up late, but every write it made carried fence 1 and changed nothing.")
+        if tidy:  # leave nothing of the demo in a database that is not its own
+            q.conn.execute("DROP TABLE demo_reports")
+            q.conn.execute("DELETE FROM jobs WHERE queue = %s", [QUEUE])
     return events
