@@ -26,6 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the exit code (used as the console script's status)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given: --processes reuses it
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(message)s",
@@ -117,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--burst", action="store_true", help="exit when no runnable job is left")
     p.add_argument("--name", default=f"worker-{os.getpid()}", help="name in logs and events")
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="worker processes, each with --concurrency threads, under one supervisor that "
+        "forwards signals and restarts one that dies (default 1: this process, no supervisor)",
+    )
 
     command("reap", cmd_reap, "return jobs with expired leases to the queue (or mark them dead)")
 
@@ -238,7 +246,22 @@ def load_handler(spec: str) -> Callable[..., Any]:
     return handler
 
 
-def cmd_worker(args: argparse.Namespace) -> None:
+def cmd_worker(args: argparse.Namespace) -> int | None:
+    if not 1 <= args.processes <= 64:
+        raise UsageError(f"--processes must be from 1 to 64, got {args.processes}")
+    if args.processes > 1:
+        from .supervisor import Supervisor, child_argv, restart_limits
+
+        resolve_dsn(args.dsn)  # start the embedded server (if it is the one) once, here
+        supervisor = Supervisor(
+            child_argv(args.argv),
+            args.processes,
+            name=args.name,
+            burst=args.burst,
+            **restart_limits(),
+        )
+        return supervisor.run()
+
     from .worker import Worker
 
     handler = load_handler(args.handler)
