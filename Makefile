@@ -22,6 +22,11 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -m "not slow and not browser and not binder" tests
 
+## make exercises: write notebooks/exercises/ (the lessons without their solutions) from notebooks/
+.PHONY: exercises
+exercises: setup
+	$(PY) -m pgqueue.course.exercises
+
 ## make soak: ten minutes of real workers under kills, pauses, cut sessions and a restart
 soak: setup
 	$(VENV)/bin/pgqueue chaos --duration 600
