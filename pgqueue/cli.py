@@ -80,7 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    command("init", cmd_init, "create the jobs table and its indexes (idempotent)")
+    p = command("init", cmd_init, "create or upgrade the jobs table and its indexes (idempotent)")
+    p.add_argument(
+        "--no-notify",
+        action="store_true",
+        help="no NOTIFY trigger: cheaper enqueues under many producers; workers poll",
+    )
 
     p = command("enqueue", cmd_enqueue, "add jobs: one JSON object, or one per stdin line")
     p.add_argument("queue", help="queue name")
@@ -128,12 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("reap", cmd_reap, "return jobs with expired leases to the queue (or mark them dead)")
 
-    p = command("stats", cmd_stats, "job counts by queue and status")
+    p = command(
+        "stats", cmd_stats, "ready, running and dead jobs by queue (finished ones estimated)"
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--exact", action="store_true", help="count every status (reads the table)")
 
-    p = command("prune", cmd_prune, "delete (or archive) done jobs")
-    p.add_argument("--older-than", type=float, default=0.0, help="seconds (by run_at)")
+    p = command("prune", cmd_prune, "delete (or archive) finished jobs, in short batches")
+    p.add_argument("--older-than", type=float, default=0.0, help="seconds since the job finished")
     p.add_argument("--archive", action="store_true", help="move them to jobs_archive")
+    p.add_argument("--batch", type=int, default=10_000, help="ids per transaction")
 
     p = command("retry-dead", cmd_retry_dead, "give dead jobs more attempts")
     p.add_argument("queue", nargs="?", help="queue name (default 'default'; with --id: any)")
@@ -183,8 +192,8 @@ def _queue(args: argparse.Namespace) -> Queue:
 
 def cmd_init(args: argparse.Namespace) -> None:
     with _queue(args) as q:
-        q.install()
-    print("jobs table ready")
+        q.install(notify=not args.no_notify)
+    print("jobs table ready" + (" (no NOTIFY: workers poll)" if args.no_notify else ""))
 
 
 def cmd_enqueue(args: argparse.Namespace) -> None:
@@ -305,24 +314,34 @@ def cmd_reap(args: argparse.Namespace) -> None:
 
 def cmd_stats(args: argparse.Namespace) -> None:
     with _queue(args) as q:
-        rows = q.stats()
+        rows = q.stats(exact=args.exact)
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps(rows, default=str))
         return
-    if not rows:
-        print("no jobs")
-        return
-    print(f"{'queue':<20} {'status':<8} {'jobs':>8} {'oldest ready (s)':>17}")
+    counted = [r for r in rows if not r["estimated"]]
+    if not counted:
+        print("no jobs ready, running or dead" if not args.exact else "no jobs")
+    else:
+        print(f"{'queue':<20} {'status':<9} {'jobs':>8} {'oldest ready (s)':>17}  latest error")
+        for row in counted:
+            age = row["oldest_ready_seconds"]
+            age_text = "" if age is None else f"{age:.1f}"
+            error = (row["latest_error"] or "").splitlines()[0][:60] if row["latest_error"] else ""
+            print(f"{row['queue']:<20} {row['status']:<9} {row['jobs']:>8} {age_text:>17}  {error}")
     for row in rows:
-        age = row["oldest_ready_seconds"]
-        age_text = "" if age is None else f"{age:.1f}"
-        print(f"{row['queue']:<20} {row['status']:<8} {row['jobs']:>8} {age_text:>17}")
+        if row["estimated"]:
+            jobs = "unknown until the table is analyzed" if row["jobs"] is None else row["jobs"]
+            print(f"finished (done or cancelled), all queues, estimated: {jobs}")
 
 
 def cmd_prune(args: argparse.Namespace) -> None:
+    def progress(done: int, total: int) -> None:
+        if args.verbose:
+            print(f"  {done}/{total} ids", file=sys.stderr)
+
     with _queue(args) as q:
-        count = q.prune(args.older_than, archive=args.archive)
-    print(f"{'archived' if args.archive else 'deleted'} {count} done job(s)")
+        count = q.prune(args.older_than, archive=args.archive, batch=args.batch, progress=progress)
+    print(f"{'archived' if args.archive else 'deleted'} {count} finished job(s)")
 
 
 def cmd_retry_dead(args: argparse.Namespace) -> None:

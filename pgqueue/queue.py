@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -97,12 +97,16 @@ class Queue:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def install(self) -> None:
-        """Create the jobs table, its indexes and trigger if missing (idempotent)."""
+    def install(self, *, notify: bool = True) -> None:
+        """Create the jobs table, its indexes and trigger if missing, or upgrade a table of
+        an earlier pgqueue (idempotent). ``notify=False`` leaves out the NOTIFY trigger:
+        enqueues get cheaper under many producers, and workers find jobs by polling."""
         with self.conn.transaction():
             # One installer at a time: CREATE ... IF NOT EXISTS races with itself.
             self.conn.execute("SELECT pg_advisory_xact_lock(hashtext('pgqueue.install'))")
             self.conn.execute(statements.schema())
+            if not notify:
+                self._run("notify_off", {})
 
     def check(self) -> None:
         """Raise ``NotInstalled`` unless the jobs table exists (cheap: reads no rows)."""
@@ -366,22 +370,62 @@ class Queue:
         row = self._run("get", {"id": _job_id(job_id)}).fetchone()
         return None if row is None else JobState(*row)
 
-    def stats(self) -> list[dict[str, Any]]:
-        """Job counts by queue and status, with the oldest runnable job's wait in seconds."""
-        cur = self._run("stats", {})
+    def stats(self, *, exact: bool = False) -> list[dict[str, Any]]:
+        """Job counts by queue and status, with the oldest runnable job's wait in seconds and
+        the latest error. By default only ready, running and dead jobs are counted, through
+        their partial indexes, plus one row (queue None, status 'finished', ``estimated``)
+        estimating the done and cancelled ones from the planner's statistics: cheap at
+        millions of rows. ``exact=True`` counts every status by reading the whole table."""
+        cur = self._run("stats_exact" if exact else "stats", {})
         names = [c.name for c in cur.description or []]
         rows = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
         for row in rows:
-            age = row["oldest_ready_seconds"]
-            row["oldest_ready_seconds"] = None if age is None else float(age)
+            row["estimated"] = False
+        if not exact:
+            total = self._run("stats_rows", {}).fetchone()
+            live = sum(r["jobs"] for r in rows)
+            estimate = None if not total or total[0] < 0 else max(0, round(total[0]) - live)
+            rows.append(
+                {
+                    "queue": None,
+                    "status": "finished",
+                    "jobs": estimate,
+                    "oldest_ready_seconds": None,
+                    "latest_error": None,
+                    "estimated": True,
+                }
+            )
         return rows
 
-    def prune(self, older_than: float | timedelta = 0.0, *, archive: bool = False) -> int:
-        """Delete (or move to ``jobs_archive``) done jobs older than ``older_than`` seconds."""
+    def prune(
+        self,
+        older_than: float | timedelta = 0.0,
+        *,
+        archive: bool = False,
+        batch: int = 10_000,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> int:
+        """Delete (or move to ``jobs_archive``) the jobs that finished (done or cancelled)
+        more than ``older_than`` seconds ago; return how many. It walks the primary key in
+        ranges of ``batch`` ids, one short transaction each (never one long DELETE that
+        holds back vacuum); ``progress(ids_done, ids_total)`` is called after each range.
+        Dead jobs are kept: they wait for a person."""
         if isinstance(older_than, timedelta):
             older_than = older_than.total_seconds()
-        params = {"older_than": _seconds("older_than", older_than, upper=MAX_AGE)}
-        return self._run("prune_archive" if archive else "prune", params).rowcount
+        age = _seconds("older_than", older_than, upper=MAX_AGE)
+        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 10**7:
+            raise BadInput(f"batch must be a whole number of ids from 1 to 10000000, got {batch!r}")
+        span = self._run("id_span", {}).fetchone()
+        if span is None or span[0] is None:
+            return 0
+        low, high = int(span[0]), int(span[1])
+        removed = 0
+        for lo in range(low, high + 1, batch):
+            params = {"lo": lo, "hi": lo + batch, "older_than": age}
+            removed += self._run("prune_archive" if archive else "prune", params).rowcount
+            if progress is not None:
+                progress(min(lo + batch, high + 1) - low, high + 1 - low)
+        return removed
 
     # -- internals -------------------------------------------------------------------
     def _run(

@@ -49,8 +49,12 @@ TESTED_QUERIES = {
     "enqueue_keyed",
     "key_holders",
     "stats",
+    "stats_exact",
+    "stats_rows",
+    "id_span",
     "prune",
     "prune_archive",
+    "notify_off",
 }
 FENCED = {"heartbeat", "heartbeat_many", "complete", "complete_many", "fail", "release"}
 
@@ -583,42 +587,77 @@ def test_get_reads_one_job_as_it_is_now(queue: Queue) -> None:
 
 
 def test_stats_counts_by_queue_and_status_with_oldest_ready(queue: Queue, dsn: str) -> None:
-    assert queue.stats() == []
+    assert [r for r in queue.stats() if not r["estimated"]] == []
     ids = queue.enqueue_many([{}] * 3, queue="a")
     queue.enqueue({}, queue="b", delay=3600)
     execute(dsn, "UPDATE jobs SET run_at = now() - interval '100 s' WHERE id = %s", [ids[0]])
     [job] = queue.claim("a")
     assert job.id == ids[0]
     execute(dsn, "UPDATE jobs SET run_at = now() - interval '40 s' WHERE id = %s", [ids[1]])
-    stats = {(r["queue"], r["status"]): r for r in queue.stats()}
+    poison = queue.enqueue({}, queue="b", max_attempts=1)
+    done = queue.enqueue({}, queue="c")
+    for claimed in queue.claim("b") + queue.claim("c"):
+        if claimed.id == poison:
+            queue.fail(claimed, 'UndefinedTable: relation "sent" does not exist')
+        else:
+            queue.complete(claimed)
+    assert done
+    rows_ = queue.stats()
+    stats = {(r["queue"], r["status"]): r for r in rows_ if not r["estimated"]}
     assert {k: r["jobs"] for k, r in stats.items()} == {
         ("a", "ready"): 2,
         ("a", "running"): 1,
+        ("b", "dead"): 1,
         ("b", "ready"): 1,
     }
     assert math.isclose(stats["a", "ready"]["oldest_ready_seconds"], 40, abs_tol=2)
     assert stats["b", "ready"]["oldest_ready_seconds"] is None  # not runnable yet
     assert stats["a", "running"]["oldest_ready_seconds"] is None
+    assert stats["b", "dead"]["latest_error"].startswith("UndefinedTable")
+    [estimate] = [r for r in rows_ if r["estimated"]]
+    assert estimate["status"] == "finished"  # done jobs are estimated, not counted
+    execute(dsn, "VACUUM ANALYZE jobs")
+    [estimate] = [r for r in queue.stats() if r["estimated"]]
+    assert estimate["jobs"] == 1  # the one done job of queue c, from pg_class.reltuples
+    exact = {(r["queue"], r["status"]): r["jobs"] for r in queue.stats(exact=True)}
+    assert exact[("c", "done")] == 1 and exact[("b", "dead")] == 1
 
 
-def test_prune_deletes_only_old_done_jobs(queue: Queue, dsn: str) -> None:
-    ids = queue.enqueue_many([{"n": i} for i in range(4)], queue="q")
-    jobs = queue.claim("q", limit=3)
-    queue.complete(jobs[0])
-    queue.complete(jobs[1])
+def test_stats_reads_only_the_partial_indexes(queue: Queue) -> None:
+    from pgqueue import statements
+
+    queue.conn.execute("SET enable_seqscan = off")  # a tiny table: ask what it can use
+    plan = "\n".join(r[0] for r in queue.conn.execute("EXPLAIN " + statements.query("stats")))
+    assert "Seq Scan" not in plan, plan
+    for index in ("jobs_ready_idx", "jobs_lease_idx", "jobs_dead_idx"):
+        assert index in plan, plan
+
+
+def test_prune_ages_jobs_by_when_they_finished_in_short_batches(queue: Queue, dsn: str) -> None:
+    ids = queue.enqueue_many([{"n": i} for i in range(10)], queue="q")
+    jobs = queue.claim("q", limit=8)
+    for job in jobs[:6]:
+        queue.complete(job)
+    queue.cancel(ids[6])  # running, cancelled: finished too
+    queue.fail(jobs[7], "boom", give_up=True)  # dead: kept for a person
+    # queued two days ago, finished a moment ago: not old
+    execute(dsn, "UPDATE jobs SET run_at = now() - interval '2 days' WHERE id = %s", [ids[0]])
+    # finished an hour ago
     execute(
         dsn,
-        "UPDATE jobs SET run_at = now() - interval '1 hour' WHERE id = %s",
-        [ids[0]],
+        "UPDATE jobs SET finished_at = now() - interval '1 hour' WHERE id = ANY(%s)",
+        [ids[1:3]],
     )
-    assert queue.prune(timedelta(minutes=30)) == 1
-    assert sorted(r[0] for r in rows(dsn, "SELECT id FROM jobs")) == ids[1:]
-    assert queue.prune(0) == 1
+    assert queue.prune(timedelta(minutes=30)) == 2
+    seen: list[tuple[int, int]] = []
+    assert queue.prune(0, batch=3, progress=lambda done, total: seen.append((done, total))) == 5
+    assert seen[-1] == (10, 10) and len(seen) == 4  # ids 1-10 in ranges of 3
     assert rows(dsn, "SELECT status, count(*) FROM jobs GROUP BY 1 ORDER BY 1") == [
-        ("ready", 1),
-        ("running", 1),
+        ("dead", 1),
+        ("ready", 2),
     ]
     assert rows(dsn, "SELECT count(*) FROM jobs_archive") == [(0,)]
+    assert queue.prune(0) == 0
 
 
 def test_prune_archive_moves_done_jobs_intact(queue: Queue, dsn: str) -> None:

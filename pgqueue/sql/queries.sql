@@ -204,24 +204,61 @@ FROM jobs
 WHERE id = %(id)s;
 
 -- name: stats
--- Job counts by queue and status, and how long the oldest runnable job has waited.
+-- Live and dead jobs by queue, read through the partial indexes, so its cost does not grow
+-- with the done jobs the table holds: how many are ready, running and dead, how long the
+-- oldest runnable job has waited, and the latest error (of a job waiting to retry, or dead).
+SELECT queue, 'ready' AS status, count(*) AS jobs,
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now()))::float8
+         AS oldest_ready_seconds,
+       (array_agg(last_error ORDER BY started_at DESC NULLS LAST)
+          FILTER (WHERE last_error IS NOT NULL))[1] AS latest_error
+FROM jobs WHERE status = 'ready' GROUP BY queue
+UNION ALL
+SELECT queue, 'running', count(*), NULL, NULL
+FROM jobs WHERE status = 'running' GROUP BY queue
+UNION ALL
+SELECT queue, 'dead', count(*), NULL, (array_agg(last_error ORDER BY finished_at DESC NULLS LAST))[1]
+FROM jobs WHERE status = 'dead' GROUP BY queue
+ORDER BY 1, 2;
+
+-- name: stats_exact
+-- Every job counted by queue and status: reads the whole table (use stats for monitoring).
 SELECT queue, status, count(*) AS jobs,
-       extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'ready' AND run_at <= now()))
-         AS oldest_ready_seconds
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'ready' AND run_at <= now()))::float8
+         AS oldest_ready_seconds,
+       (array_agg(last_error ORDER BY coalesce(finished_at, started_at) DESC NULLS LAST)
+          FILTER (WHERE last_error IS NOT NULL AND status IN ('ready', 'dead')))[1] AS latest_error
 FROM jobs
 GROUP BY queue, status
 ORDER BY queue, status;
 
+-- name: stats_rows
+-- The planner's estimate of the table's rows (from the last VACUUM or ANALYZE; -1 before
+-- either): stats subtracts the live jobs to estimate the finished ones without counting.
+SELECT reltuples::float8 FROM pg_class WHERE oid = 'jobs'::regclass;
+
+-- name: id_span
+-- The smallest and largest job id (two ends of the primary key: cheap), for pruning in ranges.
+SELECT min(id), max(id) FROM jobs;
+
 -- name: prune
--- Delete done jobs that became runnable more than %(older_than)s seconds ago.
+-- Delete the finished (done or cancelled) jobs with ids in [%(lo)s, %(hi)s) that finished
+-- more than %(older_than)s seconds ago: one short transaction per range of ids. Rows
+-- finished before finished_at existed count from run_at.
 DELETE FROM jobs
-WHERE status = 'done' AND run_at < now() - make_interval(secs => %(older_than)s);
+WHERE id >= %(lo)s AND id < %(hi)s AND status IN ('done', 'cancelled')
+  AND coalesce(finished_at, run_at) < now() - make_interval(secs => %(older_than)s);
 
 -- name: prune_archive
--- Move done jobs older than %(older_than)s seconds into jobs_archive, in one statement.
+-- Like prune, but move the jobs into jobs_archive, in one statement per range.
 WITH moved AS (
   DELETE FROM jobs
-  WHERE status = 'done' AND run_at < now() - make_interval(secs => %(older_than)s)
+  WHERE id >= %(lo)s AND id < %(hi)s AND status IN ('done', 'cancelled')
+    AND coalesce(finished_at, run_at) < now() - make_interval(secs => %(older_than)s)
   RETURNING *
 )
 INSERT INTO jobs_archive SELECT * FROM moved;
+
+-- name: notify_off
+-- Stop the wake-up hints: enqueues skip the NOTIFY (and its commit-time lock); workers poll.
+DROP TRIGGER IF EXISTS jobs_notify_insert ON jobs;

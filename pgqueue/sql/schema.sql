@@ -39,6 +39,8 @@ CREATE INDEX IF NOT EXISTS jobs_ready_idx ON jobs (queue, priority DESC, run_at,
   WHERE status = 'ready';
 -- Running jobs, for the reaper's lease check.
 CREATE INDEX IF NOT EXISTS jobs_lease_idx ON jobs (lease_until) WHERE status = 'running';
+-- Dead jobs, which need a person: counted and listed by stats without reading done rows.
+CREATE INDEX IF NOT EXISTS jobs_dead_idx ON jobs (queue, finished_at) WHERE status = 'dead';
 -- A job's key is taken while the job is ready or running: the database enforces it, so
 -- concurrent enqueues cannot both add one. Also small: only live jobs with a key.
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_key_idx ON jobs (queue, key)
