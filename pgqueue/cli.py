@@ -117,6 +117,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout", type=float, help="fail a handler running longer than this many seconds"
     )
+    p.add_argument(
+        "--complete-each",
+        action="store_true",
+        help="complete each job in its own statement (default: one fenced statement a batch)",
+    )
+    p.add_argument(
+        "--flush-after",
+        type=float,
+        default=0.05,
+        help="seconds a finished job may wait for its batch's completion (default 0.05)",
+    )
     p.add_argument("--no-listen", action="store_true", help="poll only, no LISTEN/NOTIFY")
     p.add_argument(
         "--listen-dsn", help="a direct connection for LISTEN (with --pgbouncer); else polling"
@@ -290,6 +301,9 @@ def cmd_worker(args: argparse.Namespace) -> int | None:
         listen_dsn=args.listen_dsn,
         burst=args.burst,
         name=args.name,
+        complete_in_batches=not args.complete_each,
+        flush_after=args.flush_after,
+        record_events=False,  # nobody draws a timeline of a command-line worker
     )
     logging.getLogger("pgqueue").setLevel(logging.INFO if args.verbose else logging.WARNING)
     print(

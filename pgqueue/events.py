@@ -93,3 +93,21 @@ class EventLog:
     def as_dicts(self) -> list[dict[str, Any]]:
         """The events as plain dicts (for JSON)."""
         return [e._asdict() for e in self.events()]
+
+
+class NullEventLog(EventLog):
+    """An event record that records nothing: for production runs, where nobody draws the
+    timeline (``Worker(record_events=False)``; the command-line worker's default)."""
+
+    def record(
+        self,
+        kind: str,
+        worker: str,
+        job_id: int | None = None,
+        fence: int | None = None,
+        detail: str = "",
+    ) -> None:
+        """Drop the event."""
+
+    def record_many(self, rows: Iterable[tuple[str, str, int | None, int | None, str]]) -> None:
+        """Drop the events."""

@@ -34,7 +34,7 @@ from psycopg.pq import TransactionStatus
 
 from .db import connect, describe_dsn, first_line, pgbouncer_mode, resolve_dsn
 from .errors import BadInput, ConnectError, GiveUp, RetryAfter
-from .events import EventLog
+from .events import EventLog, NullEventLog
 from .job import Job
 from .queue import MAX_BACKOFF, MAX_LEASE, Queue, _lease, _seconds, _text, queue_names
 from .tasks import Tasks
@@ -142,7 +142,10 @@ class Worker:
     (or, with ``burst=True``, until no runnable job is left). With ``timeout``, a handler
     running longer is failed (the job retries with backoff, or goes dead) and its lane
     replaced; the stale handler can no longer complete the job or write with its fence.
-    ``queue`` may list several queues: a preference order (see ``Queue.claim``). Given a
+    ``queue`` may list several queues: a preference order (see ``Queue.claim``). Finished
+    jobs are completed in one fenced statement a batch (``complete_in_batches``), or
+    sooner once the oldest has waited ``flush_after`` seconds; a crash in that window
+    re-runs those jobs (at-least-once). Given a
     ``pgqueue.Tasks`` registry as handler, the worker runs every task's queue (unless
     ``queue`` says otherwise) with each task's own timeout and backoff.
     """
@@ -163,10 +166,12 @@ class Worker:
         reap_interval: float = 5.0,
         backoff: float = 1.0,
         timeout: float | None = None,
-        complete_in_batches: bool = False,
+        complete_in_batches: bool = True,
+        flush_after: float = 0.05,
         burst: bool = False,
         name: str = "worker",
         events: EventLog | None = None,
+        record_events: bool = True,
     ) -> None:
         for what, value, upper in (("concurrency", concurrency, None), ("batch", batch, 10_000)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -203,9 +208,14 @@ class Worker:
         self.backoff = backoff
         self.timeout = None if timeout is None else float(timeout)
         self.complete_in_batches = complete_in_batches
+        self.flush_after = _seconds("flush_after", flush_after, upper=60.0)
         self.burst = burst
         self.name = name
+        # The record the notebooks draw; a couple of microseconds a job, so production
+        # runs that never read it switch it off.
         self.events = events if events is not None else EventLog()
+        if not record_events:
+            self.events = NullEventLog()
         self.app_name = f"pgqueue worker {name}"  # how its sessions show in pg_stat_activity
         self.done = 0  # jobs this worker completed (accepted by fence)
         self.failed = 0  # failed attempts recorded (the job retries or goes dead)
@@ -222,6 +232,10 @@ class Worker:
         self._lock = threading.Lock()
         self._in_flight: dict[int, _Held] = {}
         self._finishing: set[int] = set()  # ids whose complete/fail/release is under way
+        # Finished jobs whose completion waits to go out in one statement, with the time
+        # each was added: flushed at the end of a lane's batch or by the keeper once the
+        # oldest has waited flush_after (so a fast job is not held behind a slow sibling).
+        self._buffer: list[tuple[Job, float]] = []
         self._lanes: list[_Lane] = []
         self._threads: list[threading.Thread] = []
 
@@ -405,7 +419,6 @@ class Worker:
         self.events.record_many(("claim", lane.name, j.id, j.fence, str(j.attempts)) for j in jobs)
 
     def _run_batch(self, link: _Link, jobs: list[Job], lane: _Lane) -> None:
-        succeeded: list[Job] = []
         for job in jobs:
             if self._halted.is_set():
                 return  # a halted worker writes nothing; its leases run out
@@ -425,11 +438,11 @@ class Worker:
             if failure is not None:
                 self._finish(link, job, lane, "fail", failure)
             elif self.complete_in_batches:
-                succeeded.append(job)
+                with self._lock:
+                    self._buffer.append((job, time.monotonic()))
             else:
                 self._finish(link, job, lane, "complete")
-        if succeeded:
-            self._finish_many(link, succeeded, lane)
+        self._flush(link)  # the batch is over: its completions go now, in one statement
 
     def _own_finish(self, job: Job) -> bool:
         """Take the right to finish ``job`` (the lane and the keeper's timeout must not
@@ -505,11 +518,19 @@ class Worker:
             return None
 
     def _finish(
-        self, link: _Link, job: Job, lane: _Lane, action: str, failure: _Failure | None = None
+        self,
+        link: _Link,
+        job: Job,
+        lane: _Lane,
+        action: str,
+        failure: _Failure | None = None,
+        *,
+        tried: bool = False,
     ) -> None:
         """complete / fail / release by fence, retried across reconnects (the fence makes a
         retry safe: it can only take effect while we still own the job). If a reply was
-        lost, the row is read back to learn whether the write took effect."""
+        lost (``tried``: an earlier statement may have committed), the row is read back to
+        learn whether the write took effect."""
         with self._lock:
             self._finishing.add(job.id)
         outcome = "gave-up"
@@ -529,7 +550,7 @@ class Worker:
                     )
                 else:
                     ok = queue.release(job)
-                if not ok and attempt > 0:
+                if not ok and (attempt > 0 or tried):
                     ok = self._took_effect(queue, action, job, failure.error if failure else "")
                 outcome = "ok" if ok else "refused"
                 break
@@ -561,18 +582,28 @@ class Worker:
             job.status = "done" if action == "complete" else "ready"
         return took
 
-    def _finish_many(self, link: _Link, jobs: list[Job], lane: _Lane) -> None:
+    def _flush(self, link: _Link, waited: float = 0.0) -> None:
+        """Complete the buffered jobs in one fenced statement: all of them, or (``waited``)
+        only if the oldest has waited that long."""
         with self._lock:
-            self._finishing.update(job.id for job in jobs)
+            if not self._buffer or time.monotonic() - self._buffer[0][1] < waited:
+                return
+            jobs = [job for job, _ in self._buffer]
+            self._buffer = []
         try:
             rejected = {j.id for j in link.get().complete_many(jobs)}
         except (psycopg.Error, ConnectError):
             link.drop()
-            for job in jobs:
-                self._finish(link, job, lane, "complete")
+            for job in jobs:  # one by one; the batch may have committed before the cut
+                self._finish(link, job, self._lane_of(job), "complete", tried=True)
             return
         outcome = {j.id: "refused" if j.id in rejected else "ok" for j in jobs}
-        self._settle(jobs, lane, "complete", outcome)
+        self._settle(jobs, self._lane_of(jobs[0]), "complete", outcome)
+
+    def _lane_of(self, job: Job) -> _Lane:
+        with self._lock:
+            held = self._in_flight.get(job.id)
+        return held.lane if held else _Lane(self.name)
 
     def _settle(
         self, jobs: list[Job], lane: _Lane, action: str, outcome: dict[int, str], error: str = ""
@@ -580,9 +611,11 @@ class Worker:
         """Forget finished ``jobs``, count them, record how each ended and log what needs a
         person's eyes (failures, refusals, give-ups): one lock and one record call a batch."""
         ok = [j for j in jobs if outcome[j.id] == "ok"]
+        names: dict[int, str] = {}
         with self._lock:
             for job in jobs:
-                self._in_flight.pop(job.id, None)
+                held = self._in_flight.pop(job.id, None)
+                names[job.id] = held.lane.name if held else lane.name
                 self._finishing.discard(job.id)
             self.rejected += sum(o == "refused" for o in outcome.values())
             self.gave_up += sum(o == "gave-up" for o in outcome.values())
@@ -595,7 +628,7 @@ class Worker:
         self.events.record_many(
             (
                 kinds[outcome[j.id]],
-                lane.name,
+                names[j.id],
                 j.id,
                 j.fence,
                 error if outcome[j.id] == "ok" else action,
@@ -606,7 +639,7 @@ class Worker:
             if outcome[job.id] == "refused":
                 log.warning(
                     "%s: late %s of job %s refused: fence %s is stale (another holder has it)",
-                    lane.name,
+                    names[job.id],
                     action,
                     job.id,
                     job.fence,
@@ -615,7 +648,7 @@ class Worker:
                 log.warning(
                     "%s: gave up on the %s of job %s after %d tries; its lease will run out "
                     "and the reaper will return it",
-                    lane.name,
+                    names[job.id],
                     action,
                     job.id,
                     _FINISH_TRIES,
@@ -626,7 +659,7 @@ class Worker:
                 )
                 log.warning(
                     "%s: job %s (%s) failed, attempt %d of %d: %s; %s",
-                    lane.name,
+                    names[job.id],
                     job.id,
                     job.queue,
                     job.attempts,
@@ -668,6 +701,7 @@ class Worker:
                         next_reap = now + self.reap_interval
                     self._expire()
                     self._time_out(link)
+                    self._flush(link, waited=self.flush_after)
                 except BaseException as exc:  # the keeper must not die silently either
                     link.drop()
                     level = logging.WARNING if isinstance(exc, _DISCONNECTS) else logging.ERROR
@@ -677,6 +711,8 @@ class Worker:
                 # Ticks of at most 0.1 s: a job claimed meanwhile may have a timeout or a
                 # local deadline to watch (a tick that sends nothing costs no statement).
                 wait = min(0.1, max(0.005, min(next_beat, next_reap) - time.monotonic()))
+                if self._buffer:
+                    wait = min(wait, self.flush_after / 2)
                 if self._stop.is_set():
                     time.sleep(min(wait, 0.05))  # stopping: keep beating for the grace period
                 else:

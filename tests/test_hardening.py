@@ -255,28 +255,31 @@ def test_a_stalled_keeper_does_not_start_jobs_after_their_lease_ran_out(
 
 
 # -- 9. a lost reply, and giving up -----------------------------------------------------
+@pytest.mark.parametrize("method", ["complete", "complete_many"])
 def test_a_completion_whose_reply_was_lost_is_counted_done_not_refused(
     queue: Queue,
     dsn: str,
     make_worker: MakeWorker,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
+    method: str,
 ) -> None:
-    real = worker_module.Queue.complete
+    real = getattr(worker_module.Queue, method)
     calls: list[int] = []
 
-    def complete_then_lose_the_reply(self: Queue, job: Job) -> bool:
-        calls.append(job.id)
+    def complete_then_lose_the_reply(self: Queue, job: Any) -> Any:
+        calls.append(1)
         took = real(self, job)
         if len(calls) == 1:
             self.conn.close()  # the commit happened; the caller never hears of it
             raise psycopg.OperationalError("server closed the connection unexpectedly")
         return took
 
-    monkeypatch.setattr(worker_module.Queue, "complete", complete_then_lose_the_reply)
+    monkeypatch.setattr(worker_module.Queue, method, complete_then_lose_the_reply)
     caplog.set_level(logging.WARNING, logger="pgqueue")
     queue.enqueue({}, queue="q")
-    worker = make_worker(lambda job: None).start()
+    batched = method == "complete_many"
+    worker = make_worker(lambda job: None, complete_in_batches=batched).start()
     wait_for(lambda: worker.done == 1, what="the job to count as done")
     assert (worker.rejected, worker.gave_up, statuses(dsn)) == (0, 0, {"done": 1})
     assert not [r for r in caplog.records if "refused" in r.getMessage()]
@@ -293,6 +296,7 @@ def test_a_worker_that_cannot_finish_says_it_gave_up_and_the_reaper_returns_the_
         raise psycopg.OperationalError("no route to host")
 
     monkeypatch.setattr(worker_module.Queue, "complete", never)
+    monkeypatch.setattr(worker_module.Queue, "complete_many", never)  # the buffered path
     caplog.set_level(logging.WARNING, logger="pgqueue")
     job_id = queue.enqueue({}, queue="q")
     worker = make_worker(lambda job: None, lease=1.0, reap_interval=0.2).start()

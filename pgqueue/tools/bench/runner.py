@@ -25,7 +25,7 @@ import shutil
 import statistics
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,6 @@ from psycopg.conninfo import make_conninfo
 
 from ...course.lab import drop_database, fresh_database
 from ...db import connect
-from ...events import EventLog
 from ...job import Job
 from ...server import EmbeddedServer, package_bin_dir
 
@@ -139,23 +138,6 @@ def _percentile(values: Sequence[float], p: float) -> float:
 
 def _noop(job: Job) -> None:
     """The benchmark handler: does nothing, so the queue's own cost is all that is measured."""
-
-
-class NullEventLog(EventLog):
-    """An event record that records nothing: the counterfactual for its cost."""
-
-    def record(
-        self,
-        kind: str,
-        worker: str,
-        job_id: int | None = None,
-        fence: int | None = None,
-        detail: str = "",
-    ) -> None:
-        """Drop the event."""
-
-    def record_many(self, rows: Iterable[tuple[str, str, int | None, int | None, str]]) -> None:
-        """Drop the events."""
 
 
 def prefill(dsn: str, n: int, *, queue: str = QUEUE) -> None:
