@@ -30,6 +30,8 @@ _KEY_TRIES = 5  # enqueues of one key racing each other settle within a try or t
 COPY_FROM = 2_000  # payloads; enqueue_many uses COPY from this many on (INSERT is as fast below)
 # One encoder for every payload: json.dumps with options builds a new one per call.
 _JSON = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
+# One installer at a time: CREATE ... IF NOT EXISTS races with itself (Queue and AsyncQueue).
+INSTALL_LOCK = "SELECT pg_advisory_xact_lock(hashtext('pgqueue.install'))"
 
 
 class Reaped(NamedTuple):
@@ -102,8 +104,7 @@ class Queue:
         an earlier pgqueue (idempotent). ``notify=False`` leaves out the NOTIFY trigger:
         enqueues get cheaper under many producers, and workers find jobs by polling."""
         with self.conn.transaction():
-            # One installer at a time: CREATE ... IF NOT EXISTS races with itself.
-            self.conn.execute("SELECT pg_advisory_xact_lock(hashtext('pgqueue.install'))")
+            self.conn.execute(INSTALL_LOCK)
             self.conn.execute(statements.schema())
             if not notify:
                 self._run("notify_off", {})
@@ -129,16 +130,14 @@ class Queue:
         ``priority`` runs first; among equals, the oldest ``run_at``, then the first in.
         With a ``key`` that a ready or running job of the queue holds, nothing is added and
         that job's id is returned; once it is done, dead or cancelled the key is free."""
-        params = _job_params(queue, delay, run_at, max_attempts, priority)
-        params["payload"] = _jsonb(payload)
-        params["key"] = _key(key)
+        params = _enqueue_params(payload, queue, delay, run_at, max_attempts, priority, key)
         for _ in range(_KEY_TRIES):
             row = self._run("enqueue", params, conn).fetchone()
             if row is not None:
                 return int(row[0])
             # A racing enqueue of the same key committed after this statement began: the
             # index saw it, the snapshot did not. A new statement sees it (or its end).
-        raise PgQueueError(f"enqueue of key {key!r} kept racing with other enqueues; try again")
+        raise _key_race(key)
 
     def enqueue_many(
         self,
@@ -156,65 +155,37 @@ class Queue:
         none; return their ids in order (the order they will be claimed in, among equals).
         With ``keys`` (one per payload, None for none), a key already held by a live job of
         the queue adds nothing and gives that job's id; inside the batch the first one wins."""
-        params = _job_params(queue, delay, run_at, max_attempts, priority)
-        params["payloads"] = [_jsonb(p, index=i) for i, p in enumerate(payloads)]
-        if keys is not None:
-            if len(keys) != len(params["payloads"]):
-                raise BadInput(
-                    f"keys must give one key (or None) per payload: {len(keys)} keys for "
-                    f"{len(params['payloads'])} payloads"
-                )
-            params["keys"] = [_key(k) for k in keys]
-        if not params["payloads"]:
+        params = _enqueue_many_params(payloads, queue, delay, run_at, max_attempts, priority, keys)
+        how = _enqueue_many_route(params)
+        if how == "none":
             return []
-        if keys is not None:
+        if how == "keyed":
             return self._keyed_many(params, conn)
-        if len(params["payloads"]) >= COPY_FROM:
+        if how == "copy":
             return self._copy_many(params, conn)
         return [int(r[0]) for r in self._run("enqueue_many", params, conn).fetchall()]
 
     def _keyed_many(self, params: dict[str, Any], conn: psycopg.Connection | None) -> list[int]:
         """``enqueue_many`` with keys: reserve ids, insert with ON CONFLICT DO NOTHING, then
         give each payload the id of the job that holds its key."""
-        row = self._run("enqueue_reserve", params | {"n": len(params["payloads"])}, conn).fetchone()
-        assert row is not None
-        ids, run_at = sorted(row[0]), row[1]
+        reserve = params | {"n": len(params["payloads"])}
+        ids, run_at = _reserved(self._run("enqueue_reserve", reserve, conn).fetchone())
         found = self._run("enqueue_keyed", params | {"ids": ids, "run_at": run_at}, conn).fetchall()
-        added = {int(i) for i, k in found if k is None}
-        holders = {k: int(i) for i, k in found if k is not None}
-        result: list[int | None] = []
-        for job_id, key in zip(ids, params["keys"], strict=True):
-            if job_id in added:
-                holders.setdefault(key, job_id)  # the first of a key in the batch wins
-                result.append(job_id)
-            else:
-                result.append(holders.get(key))
-        missing = sorted({k for k, i in zip(params["keys"], result, strict=True) if i is None})
-        if missing:  # held by a racing enqueue that committed after the statement began
-            again = self._run("key_holders", {"queue": params["queue"], "keys": missing}, conn)
-            holders.update({k: int(i) for i, k in again.fetchall()})
-            result = [
-                holders.get(k) if i is None else i
-                for k, i in zip(params["keys"], result, strict=True)
-            ]
-        if None in result:
-            raise PgQueueError(
-                "enqueue_many: a key's job ended while it was being added; try again"
-            )
-        return [int(i) for i in result if i is not None]
+        keyed = _Keyed(params["keys"], ids, found)
+        if keyed.missing:  # held by a racing enqueue that committed after the statement began
+            ask = {"queue": params["queue"], "keys": keyed.missing}
+            keyed.add_holders(self._run("key_holders", ask, conn).fetchall())
+        return keyed.ids()
 
     def _copy_many(self, params: dict[str, Any], conn: psycopg.Connection | None) -> list[int]:
         """``enqueue_many`` for large batches: reserve the ids, then COPY the jobs in."""
         conn = conn or self.conn
-        payloads = params["payloads"]
-        row = self._run("enqueue_reserve", params | {"n": len(payloads)}, conn).fetchone()
-        assert row is not None
-        ids, run_at = sorted(row[0]), row[1]  # sorted: ids ascend in payload order
+        reserve = params | {"n": len(params["payloads"])}
+        ids, run_at = _reserved(self._run("enqueue_reserve", reserve, conn).fetchone())
         with conn.cursor().copy(statements.query("enqueue_copy")) as copy:
-            copy.set_types(["bigint", "text", "jsonb", "timestamptz", "integer", "integer"])
-            row_tail = (run_at, params["max_attempts"], params["priority"])
-            for job_id, payload in zip(ids, payloads, strict=True):
-                copy.write_row((job_id, params["queue"], payload, *row_tail))
+            copy.set_types(COPY_TYPES)
+            for row in _copy_rows(params, ids, run_at):
+                copy.write_row(row)
         return ids
 
     # -- consuming -------------------------------------------------------------------
@@ -224,10 +195,7 @@ class Queue:
         """Claim up to ``limit`` runnable jobs for ``lease`` seconds (fence and attempts + 1).
         Given several queues, they are a preference: the first one's jobs are taken first,
         and the next queue fills what is left of ``limit`` (one statement per queue asked)."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
-            raise BadInput(f"limit must be a whole number from 1 to 10000, got {limit!r}")
-        names = queue_names(queue)
-        lease = _lease(lease)
+        names, limit, lease = _claim_args(queue, limit, lease)
         jobs: list[Job] = []
         for name in names:
             params = {"queue": name, "limit": limit - len(jobs), "lease": lease}
@@ -244,10 +212,7 @@ class Queue:
         """Extend the job's lease; False (and ``job.lost``) if someone else holds it now."""
         params = {"id": job.id, "fence": job.fence, "lease": _lease(lease)}
         deadline = time.monotonic() + params["lease"]
-        kept = self._fenced(job, self._run("heartbeat", params).rowcount == 1)
-        if kept:
-            job.deadline = max(job.deadline, deadline)
-        return kept
+        return _beat(job, self._run("heartbeat", params).rowcount == 1, deadline)
 
     def heartbeat_many(self, jobs: Sequence[Job], *, lease: float = 30.0) -> list[Job]:
         """Extend many leases in one statement; return the jobs that were lost (marked)."""
@@ -255,37 +220,18 @@ class Queue:
             return []
         params = {**_held(jobs), "lease": _lease(lease)}
         deadline = time.monotonic() + params["lease"]
-        kept = {r[0] for r in self._run("heartbeat_many", params).fetchall()}
-        lost = []
-        for job in jobs:
-            if job.id in kept:
-                job.deadline = max(job.deadline, deadline)
-            else:
-                job.mark_lost()
-                lost.append(job)
-        return lost
+        return _beat_many(jobs, self._run("heartbeat_many", params).fetchall(), deadline)
 
     def complete(self, job: Job) -> bool:
         """Mark the job done; False (and ``job.lost``) if its fence is stale."""
         params = {"id": job.id, "fence": job.fence}
-        took_effect = self._fenced(job, self._run("complete", params).rowcount == 1)
-        if took_effect:
-            job.status = "done"
-        return took_effect
+        return _ended(job, self._run("complete", params).rowcount == 1, "done")
 
     def complete_many(self, jobs: Sequence[Job]) -> list[Job]:
         """Mark many jobs done in one fenced statement; return the ones rejected (marked)."""
         if not jobs:
             return []
-        done = {r[0] for r in self._run("complete_many", _held(jobs)).fetchall()}
-        rejected = []
-        for job in jobs:
-            if job.id in done:
-                job.status = "done"
-            else:
-                job.mark_lost()
-                rejected.append(job)
-        return rejected
+        return _completed_many(jobs, self._run("complete_many", _held(jobs)).fetchall())
 
     def fail(
         self,
@@ -302,30 +248,14 @@ class Queue:
         ``job.status`` tells which way it went ('ready' or 'dead'), ``job.retry_in`` when.
         ``delay`` retries after that many seconds instead of the backoff (it still counts as
         an attempt); ``give_up`` sends the job dead at once."""
-        params = {
-            "id": job.id,
-            "fence": job.fence,
-            "error": _text(error, 10_000),
-            "backoff": _seconds("backoff", backoff, upper=MAX_BACKOFF),
-            "delay": None if delay is None else _seconds("delay", delay, upper=MAX_BACKOFF),
-            "give_up": bool(give_up),
-        }
-        row = self._run("fail", params).fetchone()
-        job.mark_lost()  # the fence moved on (or had already): nothing more from this holder
-        if row is None:
-            return False
-        job.status, retry_in = row
-        job.retry_in = None if job.status == "dead" else max(0.0, float(retry_in))
-        return True
+        params = _fail_params(job, error, backoff, delay, give_up)
+        return _failed(job, self._run("fail", params).fetchone())
 
     def release(self, job: Job) -> bool:
         """Give back a claimed job that was not started: the attempt is given back, the
         fence stays (so afterwards fence > attempts; the fence only ever rises)."""
         params = {"id": job.id, "fence": job.fence}
-        took_effect = self._fenced(job, self._run("release", params).rowcount == 1)
-        if took_effect:
-            job.status = "ready"
-        return took_effect
+        return _ended(job, self._run("release", params).rowcount == 1, "ready")
 
     def cancel(self, job_id: int) -> bool:
         """Cancel a ready or running job; True if it was. A ready job never runs; a running
@@ -345,25 +275,11 @@ class Queue:
         job of ``queue`` (default ``"default"``), or, with ``ids``, the dead jobs among those
         ids, looked up by id (with ``queue`` too, only those of that queue). Ids that are not
         dead are left as they are: compare the result with what you asked for."""
-        if isinstance(extra, bool) or not isinstance(extra, int) or not 1 <= extra <= MAX_ATTEMPTS:
-            raise BadInput(
-                f"extra must be a whole number of attempts from 1 to {MAX_ATTEMPTS}, got {extra!r}"
-            )
-        if ids is not None and not all(
-            isinstance(i, int) and not isinstance(i, bool) and 1 <= i < 2**63 for i in ids
-        ):
-            raise BadInput(f"ids must be job ids (whole numbers >= 1), got {ids!r}")
-        if ids is None:
-            params = {"queue": _queue_name("default" if queue is None else queue), "extra": extra}
-            return [int(r[0]) for r in self._run("retry_dead", params).fetchall()]
-        if not ids:
+        plan = _retry_dead_plan(queue, ids, extra)
+        if plan is None:
             return []  # no ids: retry none (not "no filter")
-        params = {
-            "ids": list(ids),
-            "queue": None if queue is None else _queue_name(queue),
-            "extra": extra,
-        }
-        return sorted(int(r[0]) for r in self._run("retry_dead_ids", params).fetchall())
+        name, params = plan
+        return _retried(name, self._run(name, params).fetchall())
 
     def get(self, job_id: int) -> JobState | None:
         """The job with this id as it is now, or None if there is none."""
@@ -377,24 +293,9 @@ class Queue:
         estimating the done and cancelled ones from the planner's statistics: cheap at
         millions of rows. ``exact=True`` counts every status by reading the whole table."""
         cur = self._run("stats_exact" if exact else "stats", {})
-        names = [c.name for c in cur.description or []]
-        rows = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-        for row in rows:
-            row["estimated"] = False
+        rows = _stats_rows(cur.description, cur.fetchall())
         if not exact:
-            total = self._run("stats_rows", {}).fetchone()
-            live = sum(r["jobs"] for r in rows)
-            estimate = None if not total or total[0] < 0 else max(0, round(total[0]) - live)
-            rows.append(
-                {
-                    "queue": None,
-                    "status": "finished",
-                    "jobs": estimate,
-                    "oldest_ready_seconds": None,
-                    "latest_error": None,
-                    "estimated": True,
-                }
-            )
+            rows.append(_finished_estimate(rows, self._run("stats_rows", {}).fetchone()))
         return rows
 
     def prune(
@@ -410,21 +311,12 @@ class Queue:
         ranges of ``batch`` ids, one short transaction each (never one long DELETE that
         holds back vacuum); ``progress(ids_done, ids_total)`` is called after each range.
         Dead jobs are kept: they wait for a person."""
-        if isinstance(older_than, timedelta):
-            older_than = older_than.total_seconds()
-        age = _seconds("older_than", older_than, upper=MAX_AGE)
-        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 10**7:
-            raise BadInput(f"batch must be a whole number of ids from 1 to 10000000, got {batch!r}")
-        span = self._run("id_span", {}).fetchone()
-        if span is None or span[0] is None:
-            return 0
-        low, high = int(span[0]), int(span[1])
+        age = _prune_args(older_than, batch)
         removed = 0
-        for lo in range(low, high + 1, batch):
-            params = {"lo": lo, "hi": lo + batch, "older_than": age}
+        for params, done, total in _prune_ranges(self._run("id_span", {}).fetchone(), batch, age):
             removed += self._run("prune_archive" if archive else "prune", params).rowcount
             if progress is not None:
-                progress(min(lo + batch, high + 1) - low, high + 1 - low)
+                progress(done, total)
         return removed
 
     # -- internals -------------------------------------------------------------------
@@ -435,32 +327,11 @@ class Queue:
             return (conn or self.conn).execute(
                 statements.query(name), params, prepare=self._prepare
             )
-        except psycopg.errors.UniqueViolation as exc:
-            if exc.diag.constraint_name != "jobs_key_idx":
+        except psycopg.Error as exc:
+            mapped = pgqueue_error(exc)
+            if mapped is None:
                 raise
-            raise BadInput(
-                "a job with the same key is ready or running in that queue: "
-                "let it finish or cancel it first"
-            ) from None
-        except (
-            psycopg.errors.DuplicatePreparedStatement,
-            psycopg.errors.InvalidSqlStatementName,
-        ) as exc:
-            raise PgQueueError(
-                f"prepared statements failed ({first_line(exc)}): behind PgBouncer in "
-                "transaction mode? Use --pgbouncer (PGQUEUE_PGBOUNCER=1, Queue(pgbouncer=True))"
-            ) from None
-        except psycopg.errors.UndefinedTable:
-            raise NotInstalled(
-                "the jobs table does not exist in this database: "
-                "run `pgqueue init` (or Queue.install()) first"
-            ) from None
-
-    @staticmethod
-    def _fenced(job: Job, took_effect: bool) -> bool:
-        if not took_effect:
-            job.mark_lost()
-        return took_effect
+            raise mapped from None
 
 
 # -- validation: bad input gets a one-line message before anything is written ---------
@@ -581,3 +452,261 @@ def _jsonb(payload: object, *, index: int | None = None) -> Jsonb:
 
 def _held(jobs: Sequence[Job]) -> dict[str, list[int]]:
     return {"ids": [j.id for j in jobs], "fences": [j.fence for j in jobs]}
+
+
+# -- what each statement is sent and what its reply means: Queue and AsyncQueue share
+# these, so the two differ only in how they wait for the server -----------------------
+COPY_TYPES = ["bigint", "text", "jsonb", "timestamptz", "integer", "integer"]  # enqueue_copy
+
+
+def pgqueue_error(exc: psycopg.Error) -> PgQueueError | None:
+    """The one-line pgqueue error a driver error stands for, or None to let it through."""
+    if isinstance(exc, psycopg.errors.UniqueViolation):
+        if exc.diag.constraint_name != "jobs_key_idx":
+            return None
+        return BadInput(
+            "a job with the same key is ready or running in that queue: "
+            "let it finish or cancel it first"
+        )
+    if isinstance(
+        exc, psycopg.errors.DuplicatePreparedStatement | psycopg.errors.InvalidSqlStatementName
+    ):
+        return PgQueueError(
+            f"prepared statements failed ({first_line(exc)}): behind PgBouncer in "
+            "transaction mode? Use --pgbouncer (PGQUEUE_PGBOUNCER=1, Queue(pgbouncer=True))"
+        )
+    if isinstance(exc, psycopg.errors.UndefinedTable):
+        return NotInstalled(
+            "the jobs table does not exist in this database: "
+            "run `pgqueue init` (or Queue.install()) first"
+        )
+    return None
+
+
+def _enqueue_params(
+    payload: object,
+    queue: object,
+    delay: object,
+    run_at: object,
+    max_attempts: object,
+    priority: object,
+    key: object,
+) -> dict[str, Any]:
+    params = _job_params(queue, delay, run_at, max_attempts, priority)
+    params["payload"] = _jsonb(payload)
+    params["key"] = _key(key)
+    return params
+
+
+def _key_race(key: object) -> PgQueueError:
+    return PgQueueError(f"enqueue of key {key!r} kept racing with other enqueues; try again")
+
+
+def _enqueue_many_params(
+    payloads: Iterable[object],
+    queue: object,
+    delay: object,
+    run_at: object,
+    max_attempts: object,
+    priority: object,
+    keys: Sequence[object] | None,
+) -> dict[str, Any]:
+    params = _job_params(queue, delay, run_at, max_attempts, priority)
+    params["payloads"] = [_jsonb(p, index=i) for i, p in enumerate(payloads)]
+    if keys is not None:
+        if len(keys) != len(params["payloads"]):
+            raise BadInput(
+                f"keys must give one key (or None) per payload: {len(keys)} keys for "
+                f"{len(params['payloads'])} payloads"
+            )
+        params["keys"] = [_key(k) for k in keys]
+    return params
+
+
+def _enqueue_many_route(params: dict[str, Any]) -> str:
+    """How ``enqueue_many`` writes: 'none', 'keyed', 'copy' or 'insert'."""
+    if not params["payloads"]:
+        return "none"
+    if "keys" in params:
+        return "keyed"
+    return "copy" if len(params["payloads"]) >= COPY_FROM else "insert"
+
+
+def _reserved(row: tuple[Any, ...] | None) -> tuple[list[int], datetime]:
+    """``enqueue_reserve``'s ids, sorted (so they ascend in payload order), and run_at."""
+    assert row is not None
+    return sorted(row[0]), row[1]
+
+
+def _copy_rows(
+    params: dict[str, Any], ids: list[int], run_at: datetime
+) -> Iterable[tuple[Any, ...]]:
+    """The rows ``enqueue_copy`` writes, in ``COPY_TYPES`` order."""
+    tail = (run_at, params["max_attempts"], params["priority"])
+    for job_id, payload in zip(ids, params["payloads"], strict=True):
+        yield (job_id, params["queue"], payload, *tail)
+
+
+class _Keyed:
+    """What a keyed ``enqueue_many`` gives each payload: the id it added, or the id of
+    the live job that holds its key (the first of a key in the batch wins)."""
+
+    def __init__(self, keys: list[str | None], ids: list[int], found: list[tuple[Any, ...]]):
+        added = {int(i) for i, k in found if k is None}
+        self.keys = keys
+        self.holders = {k: int(i) for i, k in found if k is not None}
+        self.result: list[int | None] = []
+        for job_id, key in zip(ids, keys, strict=True):
+            if job_id in added:
+                self.holders.setdefault(key, job_id)
+                self.result.append(job_id)
+            else:
+                self.result.append(self.holders.get(key))
+
+    @property
+    def missing(self) -> list[str | None]:
+        """Keys held by a job this statement's snapshot could not see (a racing enqueue)."""
+        return sorted({k for k, i in zip(self.keys, self.result, strict=True) if i is None})
+
+    def add_holders(self, rows: list[tuple[Any, ...]]) -> None:
+        """Take in ``key_holders``' second look (id, key)."""
+        self.holders.update({k: int(i) for i, k in rows})
+        self.result = [
+            self.holders.get(k) if i is None else i
+            for k, i in zip(self.keys, self.result, strict=True)
+        ]
+
+    def ids(self) -> list[int]:
+        if None in self.result:
+            raise PgQueueError(
+                "enqueue_many: a key's job ended while it was being added; try again"
+            )
+        return [int(i) for i in self.result if i is not None]
+
+
+def _claim_args(queue: object, limit: object, lease: object) -> tuple[list[str], int, float]:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+        raise BadInput(f"limit must be a whole number from 1 to 10000, got {limit!r}")
+    return queue_names(queue), limit, _lease(lease)
+
+
+def _beat(job: Job, kept: bool, deadline: float) -> bool:
+    """A heartbeat's reply: push the local deadline on, or mark the job lost."""
+    if kept:
+        job.deadline = max(job.deadline, deadline)
+    else:
+        job.mark_lost()
+    return kept
+
+
+def _beat_many(jobs: Sequence[Job], kept_rows: list[tuple[Any, ...]], deadline: float) -> list[Job]:
+    kept = {r[0] for r in kept_rows}
+    return [job for job in jobs if not _beat(job, job.id in kept, deadline)]
+
+
+def _ended(job: Job, took_effect: bool, status: str) -> bool:
+    """A fenced complete/release's reply: the job's new status, or lost."""
+    if took_effect:
+        job.status = status
+    else:
+        job.mark_lost()
+    return took_effect
+
+
+def _completed_many(jobs: Sequence[Job], done_rows: list[tuple[Any, ...]]) -> list[Job]:
+    done = {r[0] for r in done_rows}
+    return [job for job in jobs if not _ended(job, job.id in done, "done")]
+
+
+def _fail_params(
+    job: Job, error: object, backoff: object, delay: object, give_up: object
+) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "fence": job.fence,
+        "error": _text(error, 10_000),
+        "backoff": _seconds("backoff", backoff, upper=MAX_BACKOFF),
+        "delay": None if delay is None else _seconds("delay", delay, upper=MAX_BACKOFF),
+        "give_up": bool(give_up),
+    }
+
+
+def _failed(job: Job, row: tuple[Any, ...] | None) -> bool:
+    """``fail``'s reply. Either way the holder is done: its fence moved on (or had already)."""
+    job.mark_lost()
+    if row is None:
+        return False
+    job.status, retry_in = row
+    job.retry_in = None if job.status == "dead" else max(0.0, float(retry_in))
+    return True
+
+
+def _retry_dead_plan(
+    queue: object, ids: Sequence[object] | None, extra: object
+) -> tuple[str, dict[str, Any]] | None:
+    """The statement and parameters of a ``retry_dead``; None when ``ids`` is empty."""
+    if isinstance(extra, bool) or not isinstance(extra, int) or not 1 <= extra <= MAX_ATTEMPTS:
+        raise BadInput(
+            f"extra must be a whole number of attempts from 1 to {MAX_ATTEMPTS}, got {extra!r}"
+        )
+    if ids is not None and not all(
+        isinstance(i, int) and not isinstance(i, bool) and 1 <= i < 2**63 for i in ids
+    ):
+        raise BadInput(f"ids must be job ids (whole numbers >= 1), got {ids!r}")
+    if ids is None:
+        queue = _queue_name("default" if queue is None else queue)
+        return "retry_dead", {"queue": queue, "extra": extra}
+    if not ids:
+        return None
+    named = None if queue is None else _queue_name(queue)
+    return "retry_dead_ids", {"ids": list(ids), "queue": named, "extra": extra}
+
+
+def _retried(name: str, rows: list[tuple[Any, ...]]) -> list[int]:
+    ids = [int(r[0]) for r in rows]
+    return sorted(ids) if name == "retry_dead_ids" else ids
+
+
+def _stats_rows(
+    description: Sequence[Any] | None, rows: list[tuple[Any, ...]]
+) -> list[dict[str, Any]]:
+    names = [c.name for c in description or []]
+    return [dict(zip(names, row, strict=True)) | {"estimated": False} for row in rows]
+
+
+def _finished_estimate(rows: list[dict[str, Any]], total: tuple[Any, ...] | None) -> dict[str, Any]:
+    """The 'finished' row of ``stats``: the planner's row estimate less the live jobs."""
+    live = sum(r["jobs"] for r in rows)
+    estimate = None if not total or total[0] < 0 else max(0, round(total[0]) - live)
+    return {
+        "queue": None,
+        "status": "finished",
+        "jobs": estimate,
+        "oldest_ready_seconds": None,
+        "latest_error": None,
+        "estimated": True,
+    }
+
+
+def _prune_args(older_than: object, batch: object) -> float:
+    if isinstance(older_than, timedelta):
+        older_than = older_than.total_seconds()
+    age = _seconds("older_than", older_than, upper=MAX_AGE)
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 10**7:
+        raise BadInput(f"batch must be a whole number of ids from 1 to 10000000, got {batch!r}")
+    return age
+
+
+def _prune_ranges(
+    span: tuple[Any, ...] | None, batch: int, age: float
+) -> Iterable[tuple[dict[str, Any], int, int]]:
+    """For each range of ``batch`` ids: prune's parameters, ids done and ids in all."""
+    if span is None or span[0] is None:
+        return
+    low, high = int(span[0]), int(span[1])
+    for lo in range(low, high + 1, batch):
+        yield (
+            {"lo": lo, "hi": lo + batch, "older_than": age},
+            min(lo + batch, high + 1) - low,
+            high + 1 - low,
+        )
