@@ -1,5 +1,6 @@
 """``pgqueue bench``: one module per benchmark, on a shared runner, report, plots and cli."""
 
+from ...events import NullEventLog
 from .claim_size import bench_claim, claim_sizes
 from .cli import BENCHMARKS, main, run
 from .drain import (
@@ -28,7 +29,7 @@ from .report import (
     table,
     write_csv,
 )
-from .runner import QUEUE, Bench, NullEventLog, bench_server, prefill
+from .runner import QUEUE, Bench, bench_server, prefill
 from .runner import _percentile as _percentile
 
 __all__ = [

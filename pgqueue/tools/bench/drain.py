@@ -20,9 +20,9 @@ from typing import Any
 import psycopg
 
 from ... import statements
-from ...events import EventLog
+from ...events import EventLog, NullEventLog
 from ...worker import Worker
-from .runner import QUEUE, Bench, NullEventLog, _count, _noop, _progress, _spread, prefill
+from .runner import QUEUE, Bench, _count, _noop, _progress, _spread, prefill
 
 
 @dataclass(frozen=True)

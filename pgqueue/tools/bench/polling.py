@@ -12,10 +12,11 @@ from typing import Any
 import psycopg
 
 from ...db import connect
+from ...events import NullEventLog
 from ...job import Job
 from ...queue import Queue
 from ...worker import Worker
-from .runner import QUEUE, Bench, NullEventLog, _noop, _percentile, _progress
+from .runner import QUEUE, Bench, _noop, _percentile, _progress
 
 
 def _xacts(dsn: str) -> int:
