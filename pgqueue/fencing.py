@@ -19,7 +19,7 @@ Table and column names come from the caller and are composed with
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import sql
@@ -27,7 +27,7 @@ from psycopg import sql
 from .db import first_line
 from .errors import BadInput, FenceConflict, LeaseLost
 
-__all__ = ["FenceConflict", "LeaseLost", "fenced_write"]
+__all__ = ["FenceConflict", "LeaseLost", "async_fenced_write", "fenced_write"]
 
 
 def fenced_write(
@@ -60,6 +60,90 @@ def fenced_write(
     With ``upsert`` (the default) a missing row is inserted (``key`` must be a unique key);
     without it, only an existing row is updated, and a missing one is ``False``.
     """
+    write = compose(table, key, values, fence, job_id, fence_column, job_column, upsert)
+    try:
+        if conn.execute(write.query, write.params).rowcount == 1:
+            return True
+    except psycopg.errors.UndefinedColumn as exc:
+        if job_id is None:
+            raise
+        raise write.missing_column(exc) from exc
+    if job_id is None:
+        return False
+    return write.refused(conn.execute(write.lookup, write.key_params).fetchone())
+
+
+async def async_fenced_write(
+    conn: psycopg.AsyncConnection,
+    table: str,
+    key: Mapping[str, Any],
+    values: Mapping[str, Any],
+    fence: int,
+    *,
+    job_id: int | None = None,
+    fence_column: str = "fence",
+    job_column: str = "job_id",
+    upsert: bool = True,
+) -> bool:
+    """``fenced_write`` on an ``AsyncConnection``: the same statement, the same rules."""
+    write = compose(table, key, values, fence, job_id, fence_column, job_column, upsert)
+    try:
+        if (await conn.execute(write.query, write.params)).rowcount == 1:
+            return True
+    except psycopg.errors.UndefinedColumn as exc:
+        if job_id is None:
+            raise
+        raise write.missing_column(exc) from exc
+    if job_id is None:
+        return False
+    return write.refused(await (await conn.execute(write.lookup, write.key_params)).fetchone())
+
+
+class FencedWrite(NamedTuple):
+    """A fenced write composed for one call: the write, and how to read a refusal."""
+
+    query: sql.Composed
+    params: dict[str, Any]
+    lookup: sql.Composed  # the job id stored in the row (to tell stale from conflict)
+    key_params: dict[str, Any]
+    table: str
+    key: Mapping[str, Any]
+    job_id: int | None
+    fence_column: str
+    job_column: str
+
+    def missing_column(self, exc: psycopg.errors.UndefinedColumn) -> BadInput:
+        """What an undefined column means to a write with a job id: no job column."""
+        return BadInput(
+            f"{self.table}: {first_line(exc)} (a write with job_id= needs a "
+            f"{self.job_column!r} bigint column beside {self.fence_column!r})"
+        )
+
+    def refused(self, stored: tuple[Any, ...] | None) -> bool:
+        """A refused write with a job id: by a newer fence of this job (stale, False), or
+        by another job's row (``FenceConflict``)."""
+        if stored is None or stored[0] == self.job_id:
+            return False
+        where = ", ".join(f"{k}={v!r}" for k, v in self.key.items())
+        by = "without a job id" if stored[0] is None else f"by job {stored[0]}"
+        raise FenceConflict(
+            f"row ({where}) of {self.table} was written {by}; fences of different jobs are "
+            "not comparable: key the row by job (or use one job per row)"
+        )
+
+
+def compose(
+    table: str,
+    key: Mapping[str, Any],
+    values: Mapping[str, Any],
+    fence: int,
+    job_id: int | None = None,
+    fence_column: str = "fence",
+    job_column: str = "job_id",
+    upsert: bool = True,
+) -> FencedWrite:
+    """Check the arguments of a fenced write and compose its statements (names quoted
+    with ``psycopg.sql.Identifier``, every value a parameter)."""
     if not key or not values:
         raise BadInput("fenced_write needs a non-empty key and values")
     if fence_column in key or fence_column in values:
@@ -115,30 +199,9 @@ def fenced_write(
             ),
             match=match,
         )
-    try:
-        if conn.execute(query, params).rowcount == 1:
-            return True
-    except psycopg.errors.UndefinedColumn as exc:
-        if job_id is None:
-            raise
-        raise BadInput(
-            f"{table}: {first_line(exc)} (a write with job_id= needs a {job_column!r} bigint "
-            f"column beside {fence_column!r})"
-        ) from exc
-    if job_id is None:
-        return False
-    # Refused: by a newer fence of this job (stale, False) or by another job (raise).
-    stored = conn.execute(
-        sql.SQL("SELECT {j} FROM {t} WHERE {match}").format(j=j, t=target, match=match),
-        key_params,
-    ).fetchone()
-    if stored is None or stored[0] == job_id:
-        return False
-    where = ", ".join(f"{k}={v!r}" for k, v in key.items())
-    by = "without a job id" if stored[0] is None else f"by job {stored[0]}"
-    raise FenceConflict(
-        f"row ({where}) of {table} was written {by}; fences of different jobs are not "
-        "comparable: key the row by job (or use one job per row)"
+    lookup = sql.SQL("SELECT {j} FROM {t} WHERE {match}").format(j=j, t=target, match=match)
+    return FencedWrite(
+        query, params, lookup, key_params, table, key, job_id, fence_column, job_column
     )
 
 
