@@ -26,6 +26,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PGQUEUE_DSN") or os.environ.get("PGQUEUE_HOME"):
         return
     _home = Path(tempfile.mkdtemp(prefix="pgqueue-home-"))
+    _home.chmod(0o755)  # as root the server runs as another user, who must reach it
     os.environ["PGQUEUE_HOME"] = str(_home)
 
 
