@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import logging
 
+from .async_job import AsyncJob
+from .async_queue import AsyncQueue, async_connect
+from .async_worker import AsyncWorker
 from .db import connect, mask_dsn, resolve_dsn
 from .errors import (
     BadInput,
@@ -22,7 +25,7 @@ from .errors import (
     RetryAfter,
 )
 from .events import Event, EventLog
-from .fencing import fenced_write
+from .fencing import async_fenced_write, fenced_write
 from .job import Job
 from .queue import JobState, Queue, Reaped
 from .server import EmbeddedServer, default_server
@@ -37,6 +40,9 @@ __version__ = "0.1.0"
 logging.getLogger("pgqueue").addHandler(logging.NullHandler())
 
 __all__ = [
+    "AsyncJob",
+    "AsyncQueue",
+    "AsyncWorker",
     "BadInput",
     "ConnectError",
     "EmbeddedServer",
@@ -56,6 +62,8 @@ __all__ = [
     "Tasks",
     "Worker",
     "__version__",
+    "async_connect",
+    "async_fenced_write",
     "connect",
     "default_server",
     "fenced_write",

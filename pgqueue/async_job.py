@@ -1,0 +1,141 @@
+"""``AsyncJob``: a claimed job for coroutine handlers, whose writes are awaited.
+
+It is a ``Job`` (same fields, fence, lost flag and local lease deadline) whose
+``fenced_write`` is a coroutine and whose connection is an ``AsyncConnection``. An
+``AsyncQueue`` claims jobs with its own connection as ``conn``. An ``AsyncWorker``
+gives a job no connection at first: ``await job.connection()`` lends it one from the
+worker's small pool on first use, and the job keeps it until its handler returns. So
+five hundred handlers awaiting I/O need no connection at all, and those that write
+each get one of their own: an ``AsyncConnection`` runs one statement at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from .errors import LeaseLost
+from .fencing import async_fenced_write
+from .job import Job
+
+Borrow = Callable[[], Awaitable[psycopg.AsyncConnection]]
+
+
+@dataclass
+class AsyncJob(Job):
+    """One claim of a job, for coroutine handlers (``await job.fenced_write(...)``)."""
+
+    conn: psycopg.AsyncConnection | None = field(  # type: ignore[assignment]
+        default=None, repr=False, compare=False
+    )
+    # Set by an AsyncWorker: lends the job a connection on first use (None: use ``conn``).
+    borrow: Borrow | None = field(default=None, repr=False, compare=False)
+    _borrowing: asyncio.Lock | None = field(default=None, init=False, repr=False, compare=False)
+
+    async def connection(self) -> psycopg.AsyncConnection:
+        """The connection to write with: the claimer's, or (in an ``AsyncWorker``) one lent
+        to this job on first use and kept until its handler returns (autocommit; a
+        transaction it leaves open is rolled back and the job failed)."""
+        if self.conn is not None:
+            return self.conn
+        if self.borrow is None:
+            raise LeaseLost(f"job {self.id} has no connection to write with; claim it first")
+        if self._borrowing is None:  # two writes of one handler at once borrow once
+            self._borrowing = asyncio.Lock()
+        async with self._borrowing:
+            if self.conn is None:
+                self.conn = await self.borrow()
+        return self.conn
+
+    async def fenced_write(  # type: ignore[override]
+        self,
+        table: str,
+        key: Mapping[str, Any],
+        values: Mapping[str, Any],
+        *,
+        upsert: bool = True,
+        job_column: str = "job_id",
+    ) -> bool:
+        """Write to another table with this job's fence and id (see ``Job.fenced_write``
+        and ``pgqueue.fenced_write``); return whether it took effect. A refused write marks
+        the job lost; a row written by another job raises ``FenceConflict``."""
+        if self.conn is None and self.borrow is None:
+            raise LeaseLost(f"job {self.id} has no connection to write with; claim it first")
+        # Known stale here (failed, timed out, told by a heartbeat): a row that does not
+        # exist yet has no fence to compare with, so the database alone could not refuse.
+        took_effect = not self._lost and await async_fenced_write(
+            await self.connection(),
+            table,
+            key,
+            values,
+            self.fence,
+            job_id=self.id,
+            job_column=job_column,
+            upsert=upsert,
+        )
+        if not took_effect:
+            self.mark_lost()
+        if self.on_event:
+            self.on_event("fenced-write" if took_effect else "fenced-write-rejected", self)
+        return took_effect
+
+
+class ConnectionPool:
+    """The connections an AsyncWorker lends its handlers: at most ``size`` at once, opened
+    with ``connect`` on first use and kept for the next handler; one that a handler broke
+    or closed is thrown away. (A minimal pool: psycopg_pool is not a dependency.)"""
+
+    def __init__(self, size: int, connect: Borrow) -> None:
+        self._connect = connect
+        self._idle: list[psycopg.AsyncConnection] = []
+        self._slots = asyncio.Semaphore(size)
+        self.closed = False
+
+    async def get(self) -> psycopg.AsyncConnection:
+        """A connection of the pool's, waiting while ``size`` are lent."""
+        await self._slots.acquire()
+        try:
+            while self._idle:
+                conn = self._idle.pop()
+                if not (conn.closed or conn.broken):
+                    return conn
+            return await self._connect()
+        except BaseException:
+            self._slots.release()
+            raise
+
+    async def put(self, conn: psycopg.AsyncConnection) -> bool:
+        """Take a connection back; True if it was left in a transaction (rolled back now:
+        no worker session stays idle in a transaction)."""
+        left_open = keep = False
+        try:
+            if not (conn.closed or conn.broken):
+                status = conn.info.transaction_status
+                if status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+                    left_open = True
+                    await conn.rollback()
+                keep = conn.info.transaction_status == TransactionStatus.IDLE
+        except psycopg.Error:
+            keep = False
+        finally:
+            self._slots.release()
+        if keep and not self.closed:
+            self._idle.append(conn)
+        else:
+            with contextlib.suppress(Exception):
+                await conn.close()
+        return left_open
+
+    async def close(self) -> None:
+        """Close the idle connections; those still lent are closed when given back."""
+        self.closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            with contextlib.suppress(Exception):
+                await conn.close()

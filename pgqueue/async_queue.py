@@ -1,0 +1,371 @@
+"""``AsyncQueue``: ``Queue`` on psycopg's ``AsyncConnection``, method by method.
+
+The same statements (``sql/queries.sql``), the same validation and errors, the same
+replies: each method builds its parameters and reads its reply with the helpers of
+``queue.py``; only the waiting is different.
+
+>>> async with pgqueue.AsyncQueue(dsn) as q:
+...     await q.enqueue({"to": "a@example.com"}, queue="emails")
+...     async with conn.transaction():                 # your own AsyncConnection
+...         await q.enqueue({"order": 42}, queue="invoices", conn=conn)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg import conninfo
+
+from . import statements
+from .async_job import AsyncJob
+from .db import (
+    KEEPALIVES,
+    _scrub,
+    describe_dsn,
+    first_line,
+    mask_dsn,
+    pgbouncer_mode,
+    resolve_dsn,
+)
+from .errors import ConnectError, PgQueueError
+from .queue import (
+    _KEY_TRIES,
+    COPY_TYPES,
+    INSTALL_LOCK,
+    JobState,
+    Reaped,
+    _beat,
+    _beat_many,
+    _claim_args,
+    _completed_many,
+    _copy_rows,
+    _ended,
+    _enqueue_many_params,
+    _enqueue_many_route,
+    _enqueue_params,
+    _fail_params,
+    _failed,
+    _finished_estimate,
+    _held,
+    _job_id,
+    _key_race,
+    _Keyed,
+    _lease,
+    _prune_args,
+    _prune_ranges,
+    _reserved,
+    _retried,
+    _retry_dead_plan,
+    _stats_rows,
+    pgqueue_error,
+)
+
+AsyncCursor = psycopg.AsyncCursor[Any]
+
+
+async def async_connect(
+    dsn: str | None = None,
+    *,
+    autocommit: bool = True,
+    application_name: str = "pgqueue",
+    pgbouncer: bool = False,
+) -> psycopg.AsyncConnection:
+    """``pgqueue.connect`` for asyncio: the same DSN order, keepalives and one-line errors.
+    Finding the DSN may start the embedded server: that runs in a thread, not the loop."""
+    target = dsn or await asyncio.to_thread(resolve_dsn, dsn)
+    try:
+        given = conninfo.conninfo_to_dict(target)
+    except psycopg.ProgrammingError:
+        given = {}  # malformed: connect below says how
+    extra = {k: v for k, v in KEEPALIVES.items() if k not in given}
+    try:
+        conn = await psycopg.AsyncConnection.connect(
+            target,
+            autocommit=autocommit,
+            connect_timeout=10,
+            application_name=application_name,
+            **extra,
+        )
+    except psycopg.ProgrammingError as exc:
+        raise ConnectError(
+            f"invalid DSN {mask_dsn(target)!r}: {_scrub(first_line(exc), target)}; "
+            "fix --dsn / PGQUEUE_DSN, or unset them to use the embedded server"
+        ) from None
+    except psycopg.OperationalError as exc:
+        where = repr(mask_dsn(target)) if target else f"the {describe_dsn(target)}"
+        raise ConnectError(
+            f"cannot connect to PostgreSQL at {where}: {_scrub(first_line(exc), target)}; "
+            "check that the server runs and --dsn / PGQUEUE_DSN is right"
+        ) from None
+    if pgbouncer:
+        conn.prepare_threshold = None
+    return conn
+
+
+class AsyncQueue:
+    """The jobs table behind one ``AsyncConnection`` (opened from a DSN, or yours).
+
+    ``async with AsyncQueue(dsn) as q:`` opens it (or ``await q.open()``); every method of
+    ``Queue`` is here with the same name and arguments, awaited. Pass ``conn=`` (an
+    ``AsyncConnection``) to ``enqueue``/``enqueue_many`` to write inside your own
+    transaction: the job commits or rolls back with your data.
+    """
+
+    def __init__(
+        self,
+        target: str | psycopg.AsyncConnection | None = None,
+        *,
+        application_name: str = "pgqueue",
+        pgbouncer: bool | None = None,
+    ) -> None:
+        self._owned = not isinstance(target, psycopg.AsyncConnection)
+        self._dsn = None if isinstance(target, psycopg.AsyncConnection) else target
+        self._application_name = application_name
+        self.pgbouncer = pgbouncer_mode(pgbouncer)
+        self._prepare: bool | None = None if self.pgbouncer else True
+        self._conn = target if isinstance(target, psycopg.AsyncConnection) else None
+
+    @property
+    def conn(self) -> psycopg.AsyncConnection:
+        """The connection (``PgQueueError`` until ``open()`` or ``async with``)."""
+        if self._conn is None:
+            raise PgQueueError("AsyncQueue is not open: use `async with AsyncQueue(...) as q`")
+        return self._conn
+
+    # -- lifecycle -------------------------------------------------------------------
+    async def open(self) -> AsyncQueue:
+        """Connect, if this queue opens its own connection and has not yet."""
+        if self._conn is None:
+            self._conn = await async_connect(
+                self._dsn, application_name=self._application_name, pgbouncer=self.pgbouncer
+            )
+        return self
+
+    async def close(self) -> None:
+        """Close the connection if this queue opened it."""
+        if self._owned and self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+    async def __aenter__(self) -> AsyncQueue:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def install(self, *, notify: bool = True) -> None:
+        """``Queue.install``: create or upgrade the jobs table (idempotent)."""
+        async with self.conn.transaction():
+            await self.conn.execute(INSTALL_LOCK)
+            await self.conn.execute(statements.schema())
+            if not notify:
+                await self._run("notify_off", {})
+
+    async def check(self) -> None:
+        """Raise ``NotInstalled`` unless the jobs table exists (cheap: reads no rows)."""
+        await self._run("check", {})
+
+    # -- producing -------------------------------------------------------------------
+    async def enqueue(
+        self,
+        payload: dict[str, Any],
+        *,
+        queue: str = "default",
+        delay: float = 0.0,
+        run_at: datetime | None = None,
+        max_attempts: int = 5,
+        priority: int = 0,
+        key: str | None = None,
+        conn: psycopg.AsyncConnection | None = None,
+    ) -> int:
+        """``Queue.enqueue``: add one job and return its id (inside ``conn``'s transaction
+        if given); a live job holding ``key`` is returned instead of adding one."""
+        params = _enqueue_params(payload, queue, delay, run_at, max_attempts, priority, key)
+        for _ in range(_KEY_TRIES):
+            row = await self._one("enqueue", params, conn)
+            if row is not None:
+                return int(row[0])
+        raise _key_race(key)
+
+    async def enqueue_many(
+        self,
+        payloads: Iterable[dict[str, Any]],
+        *,
+        queue: str = "default",
+        delay: float = 0.0,
+        run_at: datetime | None = None,
+        max_attempts: int = 5,
+        priority: int = 0,
+        keys: Sequence[str | None] | None = None,
+        conn: psycopg.AsyncConnection | None = None,
+    ) -> list[int]:
+        """``Queue.enqueue_many``: many jobs in one write, all or none; their ids in order."""
+        params = _enqueue_many_params(payloads, queue, delay, run_at, max_attempts, priority, keys)
+        how = _enqueue_many_route(params)
+        if how == "none":
+            return []
+        if how == "insert":
+            return [int(r[0]) for r in await self._all("enqueue_many", params, conn)]
+        reserve = params | {"n": len(params["payloads"])}
+        ids, run_at = _reserved(await self._one("enqueue_reserve", reserve, conn))
+        if how == "copy":
+            async with (
+                (conn or self.conn).cursor() as cursor,
+                cursor.copy(statements.query("enqueue_copy")) as copy,
+            ):
+                copy.set_types(COPY_TYPES)
+                for row in _copy_rows(params, ids, run_at):
+                    await copy.write_row(row)
+            return ids
+        keyed_params = params | {"ids": ids, "run_at": run_at}
+        found = await self._all("enqueue_keyed", keyed_params, conn)
+        keyed = _Keyed(params["keys"], ids, found)
+        if keyed.missing:  # held by a racing enqueue that committed after the statement began
+            ask = {"queue": params["queue"], "keys": keyed.missing}
+            keyed.add_holders(await self._all("key_holders", ask, conn))
+        return keyed.ids()
+
+    # -- consuming -------------------------------------------------------------------
+    async def claim(
+        self, queue: str | Sequence[str] = "default", *, limit: int = 1, lease: float = 30.0
+    ) -> list[AsyncJob]:
+        """``Queue.claim``: up to ``limit`` runnable jobs for ``lease`` seconds, as
+        ``AsyncJob``s writing with this queue's connection."""
+        names, limit, lease = _claim_args(queue, limit, lease)
+        jobs: list[AsyncJob] = []
+        for name in names:
+            params = {"queue": name, "limit": limit - len(jobs), "lease": lease}
+            deadline = time.monotonic() + lease  # counted from before the claim was sent
+            rows = await self._all("claim", params)
+            jobs += [AsyncJob(*row, conn=self.conn, deadline=deadline) for row in rows]
+            if len(jobs) == limit:
+                break
+        return jobs
+
+    async def heartbeat(self, job: AsyncJob, *, lease: float = 30.0) -> bool:
+        """Extend the job's lease; False (and ``job.lost``) if someone else holds it now."""
+        params = {"id": job.id, "fence": job.fence, "lease": _lease(lease)}
+        deadline = time.monotonic() + params["lease"]
+        return _beat(job, (await self._run("heartbeat", params)).rowcount == 1, deadline)
+
+    async def heartbeat_many(
+        self, jobs: Sequence[AsyncJob], *, lease: float = 30.0
+    ) -> list[AsyncJob]:
+        """Extend many leases in one statement; return the jobs that were lost (marked)."""
+        if not jobs:
+            return []
+        params = {**_held(jobs), "lease": _lease(lease)}
+        deadline = time.monotonic() + params["lease"]
+        kept = await self._all("heartbeat_many", params)
+        return _beat_many(jobs, kept, deadline)  # type: ignore[return-value]
+
+    async def complete(self, job: AsyncJob) -> bool:
+        """Mark the job done; False (and ``job.lost``) if its fence is stale."""
+        params = {"id": job.id, "fence": job.fence}
+        return _ended(job, (await self._run("complete", params)).rowcount == 1, "done")
+
+    async def complete_many(self, jobs: Sequence[AsyncJob]) -> list[AsyncJob]:
+        """Mark many jobs done in one fenced statement; return the ones rejected (marked)."""
+        if not jobs:
+            return []
+        done = await self._all("complete_many", _held(jobs))
+        return _completed_many(jobs, done)  # type: ignore[return-value]
+
+    async def fail(
+        self,
+        job: AsyncJob,
+        error: str,
+        *,
+        backoff: float = 1.0,
+        delay: float | None = None,
+        give_up: bool = False,
+    ) -> bool:
+        """``Queue.fail``: record ``error`` and retry with backoff (or after ``delay``), or
+        go dead; the fence rises either way. False (and ``job.lost``) if it was stale."""
+        params = _fail_params(job, error, backoff, delay, give_up)
+        return _failed(job, await self._one("fail", params))
+
+    async def release(self, job: AsyncJob) -> bool:
+        """Give back a claimed job that was not started (its attempt too, not its fence)."""
+        params = {"id": job.id, "fence": job.fence}
+        return _ended(job, (await self._run("release", params)).rowcount == 1, "ready")
+
+    async def cancel(self, job_id: int) -> bool:
+        """``Queue.cancel``: cancel a ready or running job (a running one is fenced out)."""
+        return await self._one("cancel", {"id": _job_id(job_id)}) is not None
+
+    # -- housekeeping ----------------------------------------------------------------
+    async def reap(self) -> list[Reaped]:
+        """Return jobs with expired leases to ``ready`` (or ``dead``); safe to run anywhere."""
+        return [Reaped(*row) for row in await self._all("reap", {})]
+
+    async def retry_dead(
+        self, queue: str | None = None, *, ids: Sequence[int] | None = None, extra: int = 1
+    ) -> list[int]:
+        """``Queue.retry_dead``: dead jobs of ``queue`` (or among ``ids``) ready again."""
+        plan = _retry_dead_plan(queue, ids, extra)
+        if plan is None:
+            return []  # no ids: retry none (not "no filter")
+        name, params = plan
+        return _retried(name, await self._all(name, params))
+
+    async def get(self, job_id: int) -> JobState | None:
+        """The job with this id as it is now, or None if there is none."""
+        row = await self._one("get", {"id": _job_id(job_id)})
+        return None if row is None else JobState(*row)
+
+    async def stats(self, *, exact: bool = False) -> list[dict[str, Any]]:
+        """``Queue.stats``: counts by queue and status (finished ones estimated)."""
+        cur = await self._run("stats_exact" if exact else "stats", {})
+        rows = _stats_rows(cur.description, await cur.fetchall())
+        if not exact:
+            total = await self._one("stats_rows", {})
+            rows.append(_finished_estimate(rows, total))
+        return rows
+
+    async def prune(
+        self,
+        older_than: float | timedelta = 0.0,
+        *,
+        archive: bool = False,
+        batch: int = 10_000,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> int:
+        """``Queue.prune``: delete (or archive) finished jobs in short ranges of ids."""
+        age = _prune_args(older_than, batch)
+        span = await self._one("id_span", {})
+        removed = 0
+        for params, done, total in _prune_ranges(span, batch, age):
+            removed += (await self._run("prune_archive" if archive else "prune", params)).rowcount
+            if progress is not None:
+                progress(done, total)
+        return removed
+
+    # -- internals -------------------------------------------------------------------
+    async def _one(
+        self, name: str, params: dict[str, Any], conn: psycopg.AsyncConnection | None = None
+    ) -> tuple[Any, ...] | None:
+        return await (await self._run(name, params, conn)).fetchone()
+
+    async def _all(
+        self, name: str, params: dict[str, Any], conn: psycopg.AsyncConnection | None = None
+    ) -> list[tuple[Any, ...]]:
+        return await (await self._run(name, params, conn)).fetchall()
+
+    async def _run(
+        self, name: str, params: dict[str, Any], conn: psycopg.AsyncConnection | None = None
+    ) -> AsyncCursor:
+        try:
+            return await (conn or self.conn).execute(
+                statements.query(name), params, prepare=self._prepare
+            )
+        except psycopg.Error as exc:
+            mapped = pgqueue_error(exc)
+            if mapped is None:
+                raise
+            raise mapped from None
