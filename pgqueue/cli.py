@@ -282,12 +282,16 @@ def cmd_worker(args: argparse.Namespace) -> int | None:
         )
         return supervisor.run()
 
+    import asyncio
+
+    from .async_worker import AsyncWorker, is_async_handler
     from .worker import Worker
 
     handler = load_handler(args.handler)
     dsn = resolve_dsn(args.dsn)
-    worker = Worker(
-        handler,
+    is_async = is_async_handler(handler)  # async def: the asyncio worker, one event loop
+    worker = (AsyncWorker if is_async else Worker)(
+        handler,  # type: ignore[arg-type]
         queue=args.queue,
         dsn=dsn,
         concurrency=args.concurrency,
@@ -308,10 +312,14 @@ def cmd_worker(args: argparse.Namespace) -> int | None:
     logging.getLogger("pgqueue").setLevel(logging.INFO if args.verbose else logging.WARNING)
     print(
         f"{args.name}: {describe_dsn(dsn)}; queue {', '.join(worker.queues)}; "
-        f"{args.concurrency} lane(s), batch {args.batch}",
+        f"{args.concurrency} {'handlers at once (asyncio)' if is_async else 'lane(s)'}, "
+        f"batch {args.batch}",
         file=sys.stderr,
     )
-    worker.run()
+    if isinstance(worker, AsyncWorker):
+        asyncio.run(worker.run())
+    else:
+        worker.run()
     print(
         f"{args.name}: {worker.done} done, {worker.failed} failed attempts "
         f"({worker.dead} now dead, {worker.timed_out} timed out), "
