@@ -12,130 +12,43 @@ Lost connections are reopened with backoff (and LISTEN re-issued).
 
 Handlers are user code: whatever one does (raise ``SystemExit``, leave a transaction
 open, hang), its job ends failed, retried or dead by the rules, and its lane goes on.
+
+This module holds the Worker's options, its control (start, stop, run, signals) and its
+lanes; ``keeper.py`` the keeper and listener threads, ``finishing.py`` how jobs are
+finished by fence, ``parts.py`` the small pieces they share.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import logging
-import random
 import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from .db import connect, describe_dsn, first_line, pgbouncer_mode, resolve_dsn
-from .errors import BadInput, ConnectError, GiveUp, RetryAfter
+from .db import describe_dsn, pgbouncer_mode, resolve_dsn
+from .errors import BadInput, GiveUp, RetryAfter
 from .events import EventLog, NullEventLog
+from .finishing import _Finishing
 from .job import Job
-from .queue import MAX_BACKOFF, MAX_LEASE, Queue, _lease, _seconds, _text, queue_names
+from .keeper import _Keeping
+from .parts import _DISCONNECTS, _Bell, _Failure, _Held, _Lane, _Link, describe, log
+from .queue import MAX_BACKOFF, MAX_LEASE, Queue, _lease, _seconds, queue_names
 from .tasks import Tasks
 
-log = logging.getLogger("pgqueue.worker")
-
 Handler = Callable[[Job], Any]
-_DISCONNECTS = (psycopg.OperationalError, psycopg.InterfaceError, ConnectError)
-_FINISH_TRIES = 6
+
+__all__ = ["Handler", "Worker", "_Failure", "describe"]
 
 
-class _Bell:
-    """Wakes idle threads; the generation number closes the claim-then-wait race."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self.generation = 0
-
-    def ring(self) -> None:
-        with self._cond:
-            self.generation += 1
-            self._cond.notify_all()
-
-    def wait(self, seen: int, timeout: float) -> None:
-        with self._cond:
-            self._cond.wait_for(lambda: self.generation != seen, timeout)
-
-
-class _Link:
-    """One thread's connection, reopened with capped exponential backoff when it drops."""
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        self.queue: Queue | None = None
-
-    def get(self) -> Queue:
-        delay = 0.05
-        while self.queue is None:
-            try:
-                self.queue = Queue(
-                    self.worker.dsn,
-                    application_name=self.worker.app_name,
-                    pgbouncer=self.worker.pgbouncer,
-                )
-            except ConnectError as exc:
-                if self.worker.stopping:
-                    raise
-                log.warning("%s: %s; retrying in %.1fs", self.worker.name, exc, delay)
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 2.0)
-        return self.queue
-
-    def drop(self) -> None:
-        if self.queue is not None:
-            with contextlib.suppress(Exception):  # already broken; nothing to release
-                self.queue.close()
-            self.queue = None
-
-
-@dataclass(eq=False)
-class _Lane:
-    """One slot of the worker's concurrency. When its handler times out, a new lane
-    (same slot, next generation) takes its place and the old thread is retired."""
-
-    slot: str
-    generation: int = 1
-    thread: threading.Thread | None = None
-    retired: bool = False
-
-    @property
-    def name(self) -> str:
-        return self.slot if self.generation == 1 else f"{self.slot}/{self.generation}"
-
-
-@dataclass(eq=False)
-class _Held:
-    """A claimed job this worker has not finished: its lane, and when its handler began."""
-
-    job: Job
-    lane: _Lane
-    started: float | None = None  # time.monotonic() when the handler began
-    timeout: float | None = None  # this job's (its task's, else the worker's)
-    expiry_seen: bool = False  # the keeper has reported its lease running out here
-
-
-@dataclass(frozen=True)
-class _Failure:
-    """How a handler failed: the error text for ``last_error``, and what it asked for."""
-
-    error: str
-    delay: float | None = None  # RetryAfter
-    give_up: bool = False  # GiveUp
-
-
-def describe(exc: BaseException) -> str:
-    """``Type: first line of the message``: what a job's ``last_error`` and logs say."""
-    text = first_line(exc) if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-class Worker:
+class Worker(_Finishing, _Keeping):
     """Run ``handler(job)`` for jobs of ``queue`` in ``concurrency`` threads.
 
     ``start()``/``stop()`` for notebooks, ``run()`` to block until SIGINT/SIGTERM
@@ -516,316 +429,3 @@ class Worker:
             return self.tasks.for_job(job)
         except LookupError:
             return None
-
-    def _finish(
-        self,
-        link: _Link,
-        job: Job,
-        lane: _Lane,
-        action: str,
-        failure: _Failure | None = None,
-        *,
-        tried: bool = False,
-    ) -> None:
-        """complete / fail / release by fence, retried across reconnects (the fence makes a
-        retry safe: it can only take effect while we still own the job). If a reply was
-        lost (``tried``: an earlier statement may have committed), the row is read back to
-        learn whether the write took effect."""
-        with self._lock:
-            self._finishing.add(job.id)
-        outcome = "gave-up"
-        for attempt in range(_FINISH_TRIES):
-            try:
-                queue = link.get()
-                if action == "complete":
-                    ok = queue.complete(job)
-                elif action == "fail":
-                    assert failure is not None
-                    ok = queue.fail(
-                        job,
-                        failure.error,
-                        backoff=self._backoff_for(job),
-                        delay=failure.delay,
-                        give_up=failure.give_up,
-                    )
-                else:
-                    ok = queue.release(job)
-                if not ok and (attempt > 0 or tried):
-                    ok = self._took_effect(queue, action, job, failure.error if failure else "")
-                outcome = "ok" if ok else "refused"
-                break
-            except (psycopg.Error, ConnectError) as exc:
-                link.drop()
-                if self._halted.is_set():
-                    return
-                log.warning(
-                    "%s: %s of job %s failed (%s)", lane.name, action, job.id, describe(exc)
-                )
-                time.sleep(0.05 * 2**attempt)
-        error = failure.error if failure else ""
-        self._settle([job], lane, action, outcome={job.id: outcome}, error=error)
-
-    def _took_effect(self, queue: Queue, action: str, job: Job, error: str) -> bool:
-        """After a retry, whether our earlier try committed although its reply was lost."""
-        row = queue.get(job.id)
-        if row is None:
-            return False
-        if action == "complete":
-            took = row.status == "done" and row.fence == job.fence
-        elif action == "fail":
-            took = row.fence > job.fence and row.last_error == _text(error, 10_000)
-            if took:
-                job.status = row.status if row.status == "dead" else "ready"
-        else:
-            took = row.fence == job.fence and row.attempts == job.attempts - 1
-        if took and action != "fail":
-            job.status = "done" if action == "complete" else "ready"
-        return took
-
-    def _flush(self, link: _Link, waited: float = 0.0) -> None:
-        """Complete the buffered jobs in one fenced statement: all of them, or (``waited``)
-        only if the oldest has waited that long."""
-        with self._lock:
-            if not self._buffer or time.monotonic() - self._buffer[0][1] < waited:
-                return
-            jobs = [job for job, _ in self._buffer]
-            self._buffer = []
-        try:
-            rejected = {j.id for j in link.get().complete_many(jobs)}
-        except (psycopg.Error, ConnectError):
-            link.drop()
-            for job in jobs:  # one by one; the batch may have committed before the cut
-                self._finish(link, job, self._lane_of(job), "complete", tried=True)
-            return
-        outcome = {j.id: "refused" if j.id in rejected else "ok" for j in jobs}
-        self._settle(jobs, self._lane_of(jobs[0]), "complete", outcome)
-
-    def _lane_of(self, job: Job) -> _Lane:
-        with self._lock:
-            held = self._in_flight.get(job.id)
-        return held.lane if held else _Lane(self.name)
-
-    def _settle(
-        self, jobs: list[Job], lane: _Lane, action: str, outcome: dict[int, str], error: str = ""
-    ) -> None:
-        """Forget finished ``jobs``, count them, record how each ended and log what needs a
-        person's eyes (failures, refusals, give-ups): one lock and one record call a batch."""
-        ok = [j for j in jobs if outcome[j.id] == "ok"]
-        names: dict[int, str] = {}
-        with self._lock:
-            for job in jobs:
-                held = self._in_flight.pop(job.id, None)
-                names[job.id] = held.lane.name if held else lane.name
-                self._finishing.discard(job.id)
-            self.rejected += sum(o == "refused" for o in outcome.values())
-            self.gave_up += sum(o == "gave-up" for o in outcome.values())
-            if action == "complete":
-                self.done += len(ok)
-            elif action == "fail":
-                self.failed += len(ok)
-                self.dead += sum(j.status == "dead" for j in ok)
-        kinds = {"ok": action, "refused": f"{action}-rejected", "gave-up": "gave-up"}
-        self.events.record_many(
-            (
-                kinds[outcome[j.id]],
-                names[j.id],
-                j.id,
-                j.fence,
-                error if outcome[j.id] == "ok" else action,
-            )
-            for j in jobs
-        )
-        for job in jobs:
-            if outcome[job.id] == "refused":
-                log.warning(
-                    "%s: late %s of job %s refused: fence %s is stale (another holder has it)",
-                    names[job.id],
-                    action,
-                    job.id,
-                    job.fence,
-                )
-            elif outcome[job.id] == "gave-up":
-                log.warning(
-                    "%s: gave up on the %s of job %s after %d tries; its lease will run out "
-                    "and the reaper will return it",
-                    names[job.id],
-                    action,
-                    job.id,
-                    _FINISH_TRIES,
-                )
-            elif action == "fail":
-                then = (
-                    "now dead" if job.status == "dead" else f"retry in {job.retry_in or 0.0:.1f}s"
-                )
-                log.warning(
-                    "%s: job %s (%s) failed, attempt %d of %d: %s; %s",
-                    names[job.id],
-                    job.id,
-                    job.queue,
-                    job.attempts,
-                    job.max_attempts,
-                    error.splitlines()[0] if error else "",
-                    then,
-                )
-
-    def _forget_lane(self, lane: _Lane, why: str) -> None:
-        """Stop heartbeating a lane's unfinished jobs: their leases run out and the reaper
-        returns them (used when the lane's own bookkeeping failed)."""
-        with self._lock:
-            left = [h.job for h in self._in_flight.values() if h.lane is lane]
-            for job in left:
-                del self._in_flight[job.id]
-                self._finishing.discard(job.id)
-        for job in left:
-            job.mark_lost()
-            log.warning("%s: left job %s to its lease after %s", lane.name, job.id, why)
-
-    # -- keeper: heartbeats, the reaper, local deadlines and timeouts ------------------
-    def _keep(self) -> None:
-        link = _Link(self)
-        beat_every = self.lease / 3
-        next_beat = time.monotonic() + beat_every
-        next_reap = time.monotonic() + self.reap_interval * random.uniform(0.5, 1.0)
-        try:
-            while not (self._halted.is_set() or self._abandoned.is_set()):
-                if self._stop.is_set() and not self.in_flight:
-                    break
-                self._gate()  # a frozen process sends no heartbeats
-                now = time.monotonic()
-                try:
-                    if now >= next_beat:
-                        self._heartbeat(link.get())
-                        next_beat = now + beat_every
-                    if now >= next_reap and not self._stop.is_set():
-                        self._reap(link.get())
-                        next_reap = now + self.reap_interval
-                    self._expire()
-                    self._time_out(link)
-                    self._flush(link, waited=self.flush_after)
-                except BaseException as exc:  # the keeper must not die silently either
-                    link.drop()
-                    level = logging.WARNING if isinstance(exc, _DISCONNECTS) else logging.ERROR
-                    log.log(level, "%s: keeper: %s; reconnecting", self.name, describe(exc))
-                    time.sleep(0.1)
-                    continue
-                # Ticks of at most 0.1 s: a job claimed meanwhile may have a timeout or a
-                # local deadline to watch (a tick that sends nothing costs no statement).
-                wait = min(0.1, max(0.005, min(next_beat, next_reap) - time.monotonic()))
-                if self._buffer:
-                    wait = min(wait, self.flush_after / 2)
-                if self._stop.is_set():
-                    time.sleep(min(wait, 0.05))  # stopping: keep beating for the grace period
-                else:
-                    self._stop.wait(wait)
-        finally:
-            link.drop()
-
-    def _heartbeat(self, queue: Queue) -> None:
-        with self._lock:
-            held = [(h.job, h.lane) for h in self._in_flight.values() if not h.job.lost]
-        if not held:
-            return
-        lost = {job.id for job in queue.heartbeat_many([j for j, _ in held], lease=self.lease)}
-        with self._lock:
-            # A job finished meanwhile is not lost: its complete/fail event tells how it ended.
-            ended = {i for i in lost if i in self._finishing or i not in self._in_flight}
-        for job, lane in held:
-            if job.id in ended:
-                continue
-            if job.id in lost:
-                self._record(lane.name, "lease-lost", job)
-                log.warning("%s: lost the lease on job %s (fence %s)", lane.name, job.id, job.fence)
-            else:
-                self._record(lane.name, "heartbeat", job)
-
-    def _expire(self) -> None:
-        """Jobs whose lease ran out on this worker's clock are lost, whether or not a
-        heartbeat could say so (a keeper cut off from the server cannot)."""
-        now = time.monotonic()
-        with self._lock:
-            expired = [
-                h
-                for h in self._in_flight.values()
-                if now >= h.job.deadline and not h.expiry_seen and h.job.id not in self._finishing
-            ]
-            for held in expired:
-                held.expiry_seen = True
-        for held in expired:
-            held.job.mark_lost()
-            self._record(held.lane.name, "lease-lost", held.job, "lease ran out here")
-            log.warning(
-                "%s: the lease on job %s ran out before a heartbeat could renew it",
-                held.lane.name,
-                held.job.id,
-            )
-
-    def _time_out(self, link: _Link) -> None:
-        """Fail each handler past ``timeout`` (the fence rises: its late writes are refused),
-        give back the unstarted jobs of its batch, and start a lane in its place."""
-        now = time.monotonic()
-        with self._lock:
-            late = [
-                h
-                for h in self._in_flight.values()
-                if h.started is not None
-                and h.timeout is not None
-                and now - h.started > h.timeout
-                and h.job.id not in self._finishing
-                and not h.lane.retired
-            ]
-            victims: list[tuple[_Held, list[Job]]] = []
-            for held in late:
-                held.lane.retired = True
-                unstarted = [
-                    h.job
-                    for h in self._in_flight.values()
-                    if h.lane is held.lane and h.started is None
-                ]
-                for job in [held.job, *unstarted]:
-                    job.mark_lost()  # under the lock: the old lane cannot start it now
-                    self._finishing.add(job.id)
-                victims.append((held, unstarted))
-        for held, unstarted in victims:
-            lane, job = held.lane, held.job
-            self.timed_out += 1
-            successor = _Lane(lane.slot, lane.generation + 1)
-            if not self._stop.is_set():
-                self._spawn(successor)
-            log.warning(
-                "%s: job %s ran past the %gs timeout; failing it%s",
-                lane.name,
-                job.id,
-                held.timeout,
-                f" and starting lane {successor.name}" if not self._stop.is_set() else "",
-            )
-            error = f"TimeoutError: the handler ran past the {held.timeout:g} s timeout"
-            self._finish(link, job, lane, "fail", _Failure(error))
-            for sibling in unstarted:
-                self._finish(link, sibling, lane, "release")
-
-    def _reap(self, queue: Queue) -> None:
-        reaped = queue.reap()
-        for row in reaped:
-            self.events.record("reap", self.name, row.id, row.fence, row.status)
-        if any(row.queue in self.queues and row.status == "ready" for row in reaped):
-            self._bell.ring()
-
-    # -- listener: LISTEN/NOTIFY as a wake-up hint ------------------------------------
-    def _hear(self) -> None:
-        delay = 0.05
-        while not self._stop.is_set():
-            try:
-                with connect(self.listen_dsn or self.dsn, application_name=self.app_name) as conn:
-                    conn.execute("LISTEN pgqueue")
-                    delay = 0.05
-                    self._bell.ring()  # we may have missed hints while (re)connecting
-                    while not self._stop.is_set():
-                        for note in conn.notifies(timeout=0.5):
-                            if note.payload in self.queues:
-                                self._bell.ring()
-            except Exception as exc:
-                if self._stop.is_set():
-                    return
-                log.warning("%s: listener reconnecting (%s)", self.name, describe(exc))
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
