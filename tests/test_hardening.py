@@ -351,12 +351,14 @@ def test_run_restores_signal_handlers_and_a_second_signal_forces_the_stop(
 
 # -- 8. first in, first out among equals -------------------------------------------------
 def test_jobs_with_the_same_run_at_are_claimed_first_in_first_out(queue: Queue, dsn: str) -> None:
-    ids = queue.enqueue_many([{"n": i} for i in range(40)], queue="q")
-    # Update the first half, so their new row versions stand after the rest in the heap:
-    # a claim ordered by run_at alone would now take job 21 first.
-    queue.conn.execute("UPDATE jobs SET payload = payload WHERE id = ANY(%s)", [ids[:20]])
-    claimed = [job.id for _ in ids for job in queue.claim("q")]
-    assert claimed == ids
+    # Forty jobs sharing one run_at (as a bulk enqueue's do), written to the heap in the
+    # reverse of their ids: ordered by run_at alone, the claim would follow the heap.
+    queue.conn.execute(
+        "INSERT INTO jobs (id, queue, payload, run_at)"
+        " SELECT g, 'q', '{}', now() - interval '1 s' FROM generate_series(40, 1, -1) AS g"
+    )
+    claimed = [job.id for _ in range(40) for job in queue.claim("q")]
+    assert claimed == list(range(1, 41))
 
 
 def test_higher_priority_runs_first_and_the_claim_reads_the_index_in_order(
