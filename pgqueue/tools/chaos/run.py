@@ -26,8 +26,10 @@ from ...errors import BadInput, PgQueueError
 from ...server import EmbeddedServer
 from .checks import Report, check, idle_in_transaction, summary
 from .faults import Injector, min_duration, plan
-from .workers import Workers
+from .workers import Workers, slot_kind
 from .workload import Session, enqueue_jobs
+
+KINDS_OF_WORKER = ("threads", "async", "mixed")  # threaded Workers, AsyncWorkers, or both
 
 
 @dataclass
@@ -41,6 +43,7 @@ class Config:
     lease: float = 2.0
     dsn: str | None = None  # None: a throwaway embedded server (and a restart fault)
     log_dir: Path | None = None  # None: a temporary directory, removed after a clean run
+    kind: str = "threads"  # which workers: threads, async, or mixed (every other one async)
 
     def validate(self) -> None:
         """Raise ``BadInput`` (one line, nothing started) for values the run cannot use."""
@@ -56,6 +59,8 @@ class Config:
                 f"--duration must be from {shortest:g} to 86400 seconds with a "
                 f"{self.lease:g} s lease (every fault kind once), got {self.duration!r}"
             )
+        if self.kind not in KINDS_OF_WORKER:
+            raise BadInput(f"kind must be one of {', '.join(KINDS_OF_WORKER)}, got {self.kind!r}")
         if self.jobs is not None and not 1 <= self.jobs <= 1_000_000:
             raise BadInput(f"--jobs must be from 1 to 1000000, got {self.jobs!r}")
 
@@ -85,7 +90,7 @@ class _Run:
         self.log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="pgqueue-chaos-logs-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.workers = Workers(
-            config.workers, self.queue, config.lease, self.log_dir, self.session, say
+            config.workers, self.queue, config.lease, self.log_dir, self.session, say, config.kind
         )
         self.report = Report(
             config.seed,
@@ -135,9 +140,11 @@ class _Run:
         try:
             self.setup()
             where = "a throwaway embedded server" if self.server else mask_dsn(self.session.dsn)
+            kinds = [slot_kind(config.kind, s.index) for s in workers.slots]
             self.say(
                 f"pgqueue chaos: seed {config.seed}, {config.duration:g}s, {config.workers} "
-                f"workers, {config.job_count} jobs (~{config.mean_sleep:.2f}s each), "
+                f"workers ({kinds.count('threads')} threaded, {kinds.count('async')} async), "
+                f"{config.job_count} jobs (~{config.mean_sleep:.2f}s each), "
                 f"lease {config.lease:g}s, on {where}"
             )
             if not self.server:
@@ -219,6 +226,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "it keeps a chaos-SEED-... queue and the chaos_* tables afterwards",
     )
     parser.add_argument("--log-dir", type=Path, help="keep the worker logs here")
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument(
+        "--async",
+        dest="kind",
+        action="store_const",
+        const="async",
+        default="threads",
+        help="run AsyncWorkers (a coroutine handler) instead of threaded Workers",
+    )
+    kind.add_argument(
+        "--mixed",
+        dest="kind",
+        action="store_const",
+        const="mixed",
+        help="every other worker an AsyncWorker, the rest threaded",
+    )
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -231,6 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lease=args.lease,
         dsn=args.dsn,
         log_dir=args.log_dir,
+        kind=args.kind,
     )
     try:
         report = run(config)

@@ -1,9 +1,10 @@
 """The chaos run's worker processes: started, watched, replaced and stopped by PID only.
 
 Each worker slot runs one real ``pgqueue worker`` process at a time, in a process group
-of its own so signals reach only it. A process that exits without being killed on
-purpose is logged as an unexpected exit and replaced; a stopped one is resumed when its
-hold is over.
+of its own so signals reach only it: a threaded Worker, or an AsyncWorker (``async``
+runs, and every other slot of ``mixed`` ones, give it the coroutine handler). A process
+that exits without being killed on purpose is logged as an unexpected exit and replaced;
+a stopped one is resumed when its hold is over.
 """
 
 from __future__ import annotations
@@ -22,9 +23,17 @@ from .workload import WORKER_ENV, Session
 
 APP_PREFIX = "pgqueue worker "  # Worker.app_name: how a worker's sessions are found
 REAP_INTERVAL = 1.0  # the workers' --reap-interval
+HANDLERS = {"threads": "pgqueue.tools.chaos:handler", "async": "pgqueue.tools.chaos:async_handler"}
 
 
-def worker_command(queue: str, lease: float, name: str) -> list[str]:
+def slot_kind(kind: str, index: int) -> str:
+    """Which worker slot ``index`` runs: 'threads' or 'async' (``mixed``: odd slots async)."""
+    if kind == "mixed":
+        return "async" if index % 2 else "threads"
+    return kind
+
+
+def worker_command(queue: str, lease: float, name: str, kind: str = "threads") -> list[str]:
     """The real CLI worker; the DSN travels in the environment, not in ``ps``."""
     script = Path(sys.executable).with_name("pgqueue")
     base = (
@@ -39,7 +48,7 @@ def worker_command(queue: str, lease: float, name: str) -> list[str]:
     return [
         *base,
         "worker",
-        "pgqueue.tools.chaos:handler",
+        HANDLERS[kind],
         "--queue",
         queue,
         "--lease",
@@ -86,8 +95,10 @@ class Workers:
         log_dir: Path,
         session: Session,
         say: Callable[[str], None],
+        kind: str = "threads",
     ) -> None:
         self.queue = queue
+        self.kind = kind  # threads, async or mixed
         self.lease = lease
         self.log_dir = log_dir
         self.session = session  # the controller's session; the workers use its DSN
@@ -106,7 +117,7 @@ class Workers:
         env.pop("DATABASE_URL", None)
         with open(self.log_dir / f"{slot.name}.log", "wb") as log:
             slot.proc = subprocess.Popen(
-                worker_command(self.queue, self.lease, slot.name),
+                worker_command(self.queue, self.lease, slot.name, slot_kind(self.kind, slot.index)),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -1,13 +1,15 @@
 """The chaos run's workload: the jobs, the handler the workers run, and the result tables.
 
-M ``pgqueue worker pgqueue.tools.chaos:handler`` processes work through N jobs. Each job
-records that its handler started (``chaos_runs``), sleeps a little, then writes its
-result to ``chaos_results`` with a fenced write. The controller watches it all through
+M ``pgqueue worker pgqueue.tools.chaos:handler`` processes (or ``:async_handler``, the same
+work as a coroutine, run by the AsyncWorker) work through N jobs. Each job records that
+its handler started (``chaos_runs``), sleeps a little, then writes its result to
+``chaos_results`` with a fenced write. The controller watches it all through
 a session of its own (``Session``), which survives restarts and cut sessions.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import time
@@ -16,6 +18,7 @@ from typing import Any
 
 import psycopg
 
+from ...async_job import AsyncJob
 from ...db import connect
 from ...errors import LeaseLost, PgQueueError
 from ...job import Job
@@ -74,6 +77,19 @@ def handler(job: Job) -> None:
     )
     time.sleep(float(job.payload.get("sleep", 0.1)))
     if not job.fenced_write("chaos_results", {"job_id": job.id}, {"worker": worker}):
+        raise LeaseLost(f"job {job.id}: result with fence {job.fence} refused as stale")
+
+
+async def async_handler(job: AsyncJob) -> None:
+    """``handler`` as a coroutine, for the AsyncWorker: the same records and fenced write."""
+    worker = os.environ.get(WORKER_ENV, f"pid {os.getpid()}")
+    conn = await job.connection()
+    await conn.execute(
+        "INSERT INTO chaos_runs (job_id, fence, worker) VALUES (%s, %s, %s)",
+        (job.id, job.fence, worker),
+    )
+    await asyncio.sleep(float(job.payload.get("sleep", 0.1)))
+    if not await job.fenced_write("chaos_results", {"job_id": job.id}, {"worker": worker}):
         raise LeaseLost(f"job {job.id}: result with fence {job.fence} refused as stale")
 
 
