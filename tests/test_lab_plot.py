@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 
 import matplotlib
@@ -11,7 +12,7 @@ import pytest
 
 from conftest import rows
 from pgqueue import EventLog, Queue, Worker
-from pgqueue.course import lab, plot
+from pgqueue.course import lab, plot, stories
 from pgqueue.course.faults import FaultyWorker
 
 matplotlib.use("Agg")
@@ -97,3 +98,124 @@ def test_timeline_draws_a_lane_per_worker_and_marks_rejected_writes(queue: Queue
     assert labels[:2] == ["A", "B"] or sorted(labels) == ["A", "B"]
     assert ax.get_xlabel() and ax.get_title()
     assert ax.get_legend() is not None
+
+
+def _labels_apart(fig: object) -> None:
+    """Every text label of every axes lies inside its axes and overlaps no other."""
+    fig.canvas.draw()  # type: ignore[attr-defined]
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    for ax in fig.axes:  # type: ignore[attr-defined]
+        area = ax.get_window_extent(renderer)
+        boxes = [t.get_window_extent(renderer) for t in ax.texts if t.get_text()]
+        for i, box in enumerate(boxes):
+            assert area.x0 - 1 <= box.x0 and box.x1 <= area.x1 + 1, ax.texts[i].get_text()
+            assert not any(box.overlaps(other) for other in boxes[i + 1 :]), ax.texts[i].get_text()
+
+
+def _frame(rows: list[tuple[float, str, str, int | None, int | None, str]]) -> object:
+    import pandas as pd
+
+    frame = pd.DataFrame(rows, columns=["s", "kind", "worker", "job_id", "fence", "detail"])
+    frame["t"] = frame["s"] + 1000.0
+    return frame.astype({"job_id": "Int64", "fence": "Int64"})
+
+
+def _texts(fig: object) -> list[str]:
+    return [t.get_text() for ax in fig.axes for t in ax.texts]  # type: ignore[attr-defined]
+
+
+def test_timeline_draws_the_database_lease_and_a_mark_for_dead_jobs(queue: Queue, dsn: str) -> None:
+    stories.watch(queue.conn)
+    log = EventLog()
+    queue.enqueue({"n": 1}, queue="tl", max_attempts=1)
+    [job] = queue.claim("tl", lease=0.2)
+    log.record("claim", "A", job.id, job.fence, "1")
+    queue.heartbeat(job, lease=0.2)
+    time.sleep(0.3)
+    [reaped] = queue.reap()
+    log.record("reap", "B", reaped.id, reaped.fence, reaped.status)
+    leases = stories.leases(queue.conn)
+    assert len(leases) == 2 and ((leases.until_t - leases.set_t - 0.2).abs() < 1e-3).all()
+    fig = plot.timeline(log, leases=leases, lanes=["A"], title="dead by the reaper")
+    [ax] = fig.axes
+    expiry = leases.until_t.max() - log.started
+    dotted = [line for line in ax.lines if line.get_linestyle() == ":"]
+    assert len(dotted) == 1 and abs(dotted[0].get_xdata()[0] - expiry) < 1e-9
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "job dead (no attempts left)" in legend and "reaper takes the job back" not in legend
+    assert f"#{job.id} dead" in _texts(fig)
+    _labels_apart(fig)
+
+
+def test_timeline_marks_the_last_fail_of_a_dead_job_and_timeouts() -> None:
+    frame = _frame(
+        [
+            (0.0, "claim", "w", 7, 1, "1"),
+            (0.1, "fail", "w", 7, 1, "ValueError: no"),
+            (0.3, "claim", "w", 7, 3, "2"),
+            (0.4, "fail", "w", 7, 3, "ValueError: no"),
+            (0.5, "claim", "w", 8, 1, "1"),
+            (0.9, "fail", "w", 8, 1, "TimeoutError: the handler ran past the 0.4 s timeout"),
+        ]
+    )
+    fig = plot.timeline(frame, dead=[7])
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert {"fail (retry later)", "job dead (no attempts left)", "fail: handler timed out"} <= set(
+        legend
+    )
+    assert "#7 dead" in _texts(fig) and "timed out" in _texts(fig)
+
+
+def test_timeline_labels_of_crowded_claims_do_not_overlap() -> None:
+    rows = []
+    for i in range(12):  # a claim and a complete every 20 ms, like a busy worker
+        rows += [
+            (0.02 * i, "claim", "w", 100 + i, 1, "1"),
+            (0.02 * i + 0.015, "complete", "w", 100 + i, 1, ""),
+        ]
+    rows += [
+        (0.05, "fenced-write-rejected", "w", 101, 1, ""),
+        (0.06, "complete-rejected", "w", 101, 1, ""),
+    ]
+    fig = plot.timeline(_frame(rows))
+    _labels_apart(fig)
+    assert any("rejected" in text for text in _texts(fig))
+
+
+def test_fencing_draws_the_stored_fences_and_where_a_late_write_is_refused(
+    queue: Queue, dsn: str
+) -> None:
+    queue.conn.execute(
+        "CREATE TABLE reports (id int PRIMARY KEY, body text, job_id bigint, fence bigint)"
+    )
+    stories.watch(queue.conn, "reports")
+    log = EventLog()
+    job_id = queue.enqueue({"n": 1}, queue="f")
+    [a] = queue.claim("f", lease=30)
+    log.record("claim", "A", a.id, a.fence, "1")
+    queue.conn.execute("UPDATE jobs SET lease_until = now() - interval '1 s'")
+    queue.reap()
+    [b] = queue.claim("f", lease=30)
+    log.record("claim", "B", b.id, b.fence, "2")
+    assert b.fenced_write("reports", {"id": 1}, {"body": "B"})
+    log.record("fenced-write", "B", b.id, b.fence)
+    assert queue.complete(b)
+    log.record("complete", "B", b.id, b.fence)
+    assert not a.fenced_write("reports", {"id": 1}, {"body": "A"})
+    log.record("fenced-write-rejected", "A", a.id, a.fence)
+    assert not queue.complete(a)
+    log.record("complete-rejected", "A", a.id, a.fence)
+    storage = {
+        "jobs row": stories.fences(queue.conn, "jobs", id=job_id),
+        "reports row": stories.fences(queue.conn, "reports", id=1),
+    }
+    assert [list(s.fence) for s in storage.values()] == [[0, 1, 2], [2]]
+    fig = plot.fencing(log, storage, lanes=["A", "B"])
+    [ax] = fig.axes
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["A", "B", "jobs row", "reports row"]
+    texts = _texts(fig)
+    assert texts.count("1 < 2: refused") == 2
+    assert "fence 2" in texts or "f=2" in texts
+    arrows = [t for t in ax.texts if t.get_text() == "" and t.arrow_patch is not None]
+    assert len(arrows) == 6  # two claims, two accepted writes, two refused
+    _labels_apart(fig)

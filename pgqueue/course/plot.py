@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["as_frame", "claims_per_worker", "throughput", "timeline"]
+__all__ = ["as_frame", "claims_per_worker", "fencing", "throughput", "timeline"]
 
 # What ends a worker's hold on a claimed job (rejected endings mean it had lost the job).
 _ENDS = (
@@ -33,14 +33,29 @@ _ENDS = (
     "skipped",
 )
 _REJECTED = ("complete-rejected", "fail-rejected", "release-rejected", "fenced-write-rejected")
+# Which storage lane a write goes to (``storage=``): the job's own row, or a side table.
+_JOB_WRITES = ("claim", *(k for k in _ENDS if k != "skipped"))
+_SIDE_WRITES = ("fenced-write", "fenced-write-rejected", "unfenced-write")
+# The worker's keeper records this detail when a lease ran out on its own clock.
+_LOCAL_EXPIRY = "lease ran out here"
 
-# kind -> (legend label, matplotlib marker style)
+# mark -> (legend label, matplotlib scatter style). Marks are event kinds, except
+# "lease-ran-out" (a local expiry), "timeout" (a fail by timeout), "dead" (a fail or reap
+# that sent the job dead) and "rejected" (any refused write).
 _MARKS: dict[str, tuple[str, dict[str, Any]]] = {
     "claim": ("claim (#job f=fence)", {"marker": ">", "color": "tab:blue", "s": 55}),
     "heartbeat": ("heartbeat", {"marker": "|", "color": "0.35", "s": 60}),
-    "lease-lost": ("heartbeat: lease lost", {"marker": "d", "color": "tab:purple", "s": 55}),
+    "lease-lost": (
+        "heartbeat refused: lease lost",
+        {"marker": "d", "color": "tab:purple", "s": 55},
+    ),
+    "lease-ran-out": (
+        "lease ran out on the worker's clock",
+        {"marker": "d", "facecolors": "none", "edgecolors": "tab:purple", "s": 55},
+    ),
     "complete": ("complete (accepted)", {"marker": "s", "color": "tab:green", "s": 45}),
     "fail": ("fail (retry later)", {"marker": "v", "color": "tab:orange", "s": 55}),
+    "timeout": ("fail: handler timed out", {"marker": "v", "color": "tab:brown", "s": 65}),
     "release": ("release (handed back)", {"marker": "<", "color": "0.5", "s": 45}),
     "fenced-write": ("fenced write (accepted)", {"marker": "D", "color": "tab:green", "s": 35}),
     "unfenced-write": (
@@ -48,9 +63,12 @@ _MARKS: dict[str, tuple[str, dict[str, Any]]] = {
         {"marker": "P", "color": "darkorange", "s": 70},
     ),
     "reap": ("reaper takes the job back", {"marker": "^", "color": "black", "s": 60}),
+    "dead": ("job dead (no attempts left)", {"marker": "$\\dagger$", "color": "black", "s": 200}),
     "crash": ("crash", {"marker": "*", "color": "black", "s": 160}),
     "rejected": ("late write rejected (0 rows)", {"marker": "X", "color": "red", "s": 110}),
 }
+_BAR = 0.14  # half the height of a hold bar, in lanes
+_LABEL = {"fontsize": 8}
 
 
 def as_frame(events: EventLog | pd.DataFrame) -> pd.DataFrame:
@@ -69,8 +87,136 @@ def _lane_order(name: str) -> list[Any]:
 
 
 def _lanes_of(worker: str, lanes: list[str]) -> list[str]:
-    """The lanes a worker-level event (pause, crash) belongs to: ``A`` or ``A.0``, ``A.1``..."""
+    """The lanes a worker-level event (pause, crash) belongs to: ``A`` or ``A.1``, ``A.2``..."""
     return [lane for lane in lanes if lane == worker or lane.startswith(worker + ".")]
+
+
+class _Labels:
+    """Text labels placed beside their points so that none overlaps another label, a
+    marker, a bar, a line registered as an obstacle, or leaves the axes (the legend sits
+    outside them). Each label tries its slots in order (above or below the lane, running
+    right or, near the right edge, left of its point), then its short form; a label that
+    fits nowhere is left out rather than drawn over something."""
+
+    def __init__(self, ax: Axes) -> None:
+        self.ax = ax
+        self.wanted: list[tuple[int, float, float, list[str], str, bool, dict[str, Any]]] = []
+        self.obstacles: list[tuple[str, tuple[float, ...]]] = []
+        self.fixed: list[Any] = []
+        self.dropped: list[str] = []
+
+    def add(
+        self,
+        x: float,
+        y: float,
+        text: str,
+        *,
+        short: str | None = None,
+        side: str = "above",
+        priority: int = 2,
+        stay_right: bool = False,
+        **style: Any,
+    ) -> None:
+        """A label for the point (x, y). ``side``: try above or below the lane first.
+        ``stay_right``: rather the short form right of the point than the long one left."""
+        texts = [text] if short is None else [text, short]
+        self.wanted.append((priority, x, y, texts, side, stay_right, _LABEL | style))
+
+    def block(self, x0: float, x1: float, y0: float, y1: float) -> None:
+        """A rectangle in data coordinates (a bar, a band) that labels must not cover."""
+        self.obstacles.append(("rect", (x0, x1, y0, y1)))
+
+    def block_point(self, x: float, y: float, size: float) -> None:
+        """A marker of ``size`` points across at (x, y)."""
+        self.obstacles.append(("point", (x, y, size)))
+
+    def block_vline(self, x: float, y0: float, y1: float, width: float = 3.0) -> None:
+        """A vertical line (an expiry mark, an arrow) ``width`` points wide."""
+        self.obstacles.append(("vline", (x, y0, y1, width)))
+
+    def keep(self, artist: Any) -> None:
+        """A text already drawn where it must stay."""
+        self.fixed.append(artist)
+
+    def place(self) -> None:
+        """Draw every label (most important first, then left to right) where it fits."""
+        from matplotlib.transforms import Bbox
+
+        ax = self.ax
+        fig = ax.figure
+        renderer = fig.canvas.get_renderer()
+        px = fig.dpi / 72.0
+        data = ax.transData
+
+        def rect(x0: float, x1: float, y0: float, y1: float) -> Bbox:
+            return Bbox.from_extents(*data.transform((x0, y0)), *data.transform((x1, y1)))
+
+        taken: list[Bbox] = []
+        for kind, v in self.obstacles:
+            if kind == "rect":
+                box = rect(*v)
+            elif kind == "point":
+                cx, cy = data.transform((v[0], v[1]))
+                r = v[2] / 2 * px
+                box = Bbox.from_extents(cx - r, cy - r, cx + r, cy + r)
+            else:
+                x, y0, y1, width = v
+                box = rect(x, x, y0, y1)
+                box = Bbox.from_extents(
+                    box.x0 - width / 2 * px, box.y0, box.x1 + width / 2 * px, box.y1
+                )
+            (x0, x1), (y0, y1) = sorted(box.intervalx), sorted(box.intervaly)
+            taken.append(Bbox.from_extents(x0, y0, x1, y1))
+        taken += [artist.get_window_extent(renderer) for artist in self.fixed]
+        area = ax.get_window_extent(renderer)
+        # One lane in points, so the first slots just clear a hold bar.
+        lane = abs(data.transform((0, 1))[1] - data.transform((0, 0))[1]) / px
+        near = _BAR * lane + 1.0
+        far = near + 10.0
+        up = [(near, "bottom"), (far, "bottom")]
+        down = [(-near, "top"), (-far, "top")]
+        for _, x, y, texts, side, stay_right, style in sorted(
+            self.wanted, key=lambda w: (w[0], w[1])
+        ):
+            rows = up + down if side == "above" else down + up
+            sides = [
+                [(dx, dy, ha, va) for dy, va in rows] for dx, ha in ((3, "left"), (-3, "right"))
+            ]
+            tries = (
+                [(text, slots) for slots in sides for text in texts]
+                if stay_right
+                else [(text, sides[0] + sides[1]) for text in texts]
+            )
+            if not any(
+                self._fit(text, x, y, slots, style, taken, area, renderer) for text, slots in tries
+            ):
+                self.dropped.append(texts[0])
+
+    def _fit(
+        self,
+        text: str,
+        x: float,
+        y: float,
+        slots: list[tuple[float, float, str, str]],
+        style: dict[str, Any],
+        taken: list[Any],
+        area: Any,
+        renderer: Any,
+    ) -> bool:
+        """Draw ``text`` in the first slot where it fits; False if none."""
+        for dx, dy, ha, va in slots:
+            label = self.ax.annotate(
+                text, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va, **style
+            )
+            box = label.get_window_extent(renderer).padded(1.0)
+            inside = (
+                box.x0 >= area.x0 and box.x1 <= area.x1 and box.y0 >= area.y0 and box.y1 <= area.y1
+            )
+            if inside and not any(box.overlaps(other) for other in taken):
+                taken.append(box)
+                return True
+            label.remove()
+        return False
 
 
 def timeline(
@@ -79,6 +225,9 @@ def timeline(
     title: str = "Who held which job, and when",
     ax: Axes | None = None,
     lease: float | None = None,
+    leases: pd.DataFrame | None = None,
+    dead: Iterable[int] = (),
+    storage: Mapping[str, pd.DataFrame] | None = None,
     annotate: bool | None = None,
     legend: bool = True,
     lanes: Sequence[str] | None = None,
@@ -87,8 +236,20 @@ def timeline(
 
     Shows claims (annotated ``#job f=fence``), the time each job was held (a bar from
     claim to complete/fail/release; red when that ending was refused), heartbeats,
-    shaded pauses, crashes, reaper returns, and rejected late writes as a red X.
-    With ``lease`` (seconds), marks where each hold's lease ran out before the hold ended.
+    shaded pauses, crashes, reaper returns, jobs gone dead, and rejected late writes as a
+    red X. Labels never overlap one another or run out of the axes.
+
+    ``leases``: the database's lease deadlines (``job_id``, ``fence``, ``set_t``,
+    ``until_t`` in ``time.time()`` seconds, e.g. from ``pgqueue.course.stories.leases``):
+    a thin line under each hold shows its lease, and a red dotted line where it ran out
+    before the hold ended. Without them, ``lease`` (seconds) estimates each deadline from
+    the worker's last claim or heartbeat event, on the client's clock.
+    ``dead``: ids of jobs that ended dead by a fail (their last fail is marked as such;
+    a reap that sent a job dead is marked from the event itself).
+    ``storage``: lanes for what the database stored, ``{label: frame}`` with columns ``t``
+    (``time.time()`` seconds) and ``fence`` (e.g. ``stories.fences``): each change is
+    labelled, and arrows show each write reaching it. The first storage lane receives the
+    job's own writes (claim, complete, fail, release), the last the side-table writes.
     ``annotate`` defaults to labelling claims only when there are few of them.
     ``lanes`` fixes which lanes to draw, in order (a worker that did nothing keeps its lane).
     """
@@ -97,11 +258,14 @@ def timeline(
     from matplotlib.patches import Patch
 
     frame = as_frame(events)
+    origin = float((frame["t"] - frame["s"]).iloc[0]) if len(frame) else 0.0
+    stores = dict(storage or {})
     if ax is None:
         count = len(lanes) if lanes is not None else _count_lanes(frame)
-        fig, ax = plt.subplots(figsize=(10, 1.4 + 0.75 * max(1, count)))
+        fig, ax = plt.subplots(figsize=(10, 1.4 + 0.75 * max(1, count + len(stores))))
     else:
         fig = ax.figure
+    labels = _Labels(ax)
     job_kinds = set(_ENDS) | {"claim", "heartbeat", "lease-lost", "fenced-write"}
     job_kinds |= {"fenced-write-rejected", "unfenced-write", "lock-wait"}
     seen = set(frame.loc[frame["kind"].isin(job_kinds), "worker"])
@@ -120,24 +284,36 @@ def timeline(
     ):
         lanes.append("reaper")  # a job reaped whose claim we did not see
         y["reaper"] = len(lanes) - 1
+    clients = len(lanes)
+    for label in stores:
+        lanes.append(label)
+        y[label] = len(lanes) - 1
     if annotate is None:
         annotate = len(claims) <= 30
     used: set[str] = set()
     holds: dict[str, tuple[str, float, str]] = {}  # legend label -> bar style
+    db = None
+    if leases is not None and len(leases):
+        db = leases.assign(set_s=leases["set_t"] - origin, until_s=leases["until_t"] - origin)
+    for store in stores.values():
+        if len(store):
+            end_s = max(end_s, float(store["t"].max() - origin))
 
     # Pauses: a shaded box over the worker's lanes, labelled with its length.
     for row in frame[frame["kind"] == "pause"].itertuples():
         seconds = float(row.detail or 0)
-        for lane in _lanes_of(row.worker, lanes):
+        for lane in _lanes_of(row.worker, lanes[:clients]):
             ax.broken_barh([(row.s, seconds)], (y[lane] - 0.42, 0.84), color="0.8", alpha=0.6)
-            ax.text(
-                row.s + seconds / 2,
-                y[lane] - 0.32,
-                f"paused {seconds:g} s",
-                ha="center",
-                va="center",
-                fontsize=8,
-                color="0.25",
+            labels.keep(
+                ax.text(
+                    row.s + seconds / 2,
+                    y[lane] - 0.35,
+                    f"paused {seconds:g} s",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="0.25",
+                )
             )
         end_s = max(end_s, row.s + seconds)
         used.add("pause")
@@ -154,6 +330,7 @@ def timeline(
                 hatch="....",
                 linewidth=0,
             )
+            labels.block(row.s - waited, row.s, y[row.worker] - _BAR, y[row.worker] + _BAR)
             used.add("lock-wait")
 
     # Claim transactions (lab.race): from the select's return to the commit of the claim.
@@ -167,7 +344,9 @@ def timeline(
 
     # Holds: from the claim to whatever ended it.
     crashed = {
-        lane for w in frame.loc[frame["kind"] == "crash", "worker"] for lane in _lanes_of(w, lanes)
+        lane
+        for w in frame.loc[frame["kind"] == "crash", "worker"]
+        for lane in _lanes_of(w, lanes[:clients])
     }
     for row in claims.itertuples():
         key = (int(row.job_id), int(row.fence))
@@ -189,101 +368,137 @@ def timeline(
         else:
             stop, style = end_s, ("holding a job", "tab:blue", 0.3, "")
         label, color, alpha, hatch = style
+        lane_y = y[row.worker]
         ax.broken_barh(
             [(row.s, max(stop - row.s, 1e-3))],
-            (y[row.worker] - 0.14, 0.28),
+            (lane_y - _BAR, 2 * _BAR),
             facecolor=color,
             alpha=alpha,
             hatch=hatch,
             edgecolor=color if hatch else "none",
         )
+        labels.block(row.s, stop, lane_y - _BAR, lane_y + _BAR)
         holds.setdefault(label, (color, alpha, hatch))
-        if lease is not None:
+        expiry = None
+        if db is not None:
+            held = db[(db["job_id"] == key[0]) & (db["fence"] == key[1])]
+            if len(held):
+                first, expiry = float(held["set_s"].min()), float(held["until_s"].max())
+                band_end = min(expiry, stop)
+                ax.plot(
+                    [first, band_end],
+                    [lane_y + 0.22, lane_y + 0.22],
+                    color="tab:red",
+                    alpha=0.5,
+                    linewidth=1.5,
+                    solid_capstyle="butt",
+                )
+                labels.block(first, band_end, lane_y + 0.19, lane_y + 0.25)
+                used.add("lease-band")
+        elif lease is not None:
             renewals = mine[
                 mine["kind"].isin(["claim", "heartbeat"]) & (mine["worker"] == row.worker)
             ]
             expiry = float(renewals["s"].max()) + lease
-            if expiry < stop - 1e-3 or (not len(ends) and expiry <= end_s):
-                ax.plot(
-                    [expiry, expiry],
-                    [y[row.worker] - 0.22, y[row.worker] + 0.22],
-                    color="tab:red",
-                    linestyle=":",
-                    linewidth=2,
-                )
-                used.add("expiry")
+        if expiry is not None and (expiry < stop - 1e-3 or (not len(ends) and expiry <= end_s)):
+            ax.plot(
+                [expiry, expiry],
+                [lane_y - 0.24, lane_y + 0.24],
+                color="tab:red",
+                linestyle=":",
+                linewidth=2,
+            )
+            labels.block_vline(expiry, lane_y - 0.24, lane_y + 0.24)
+            used.add("expiry")
         if annotate:
-            ax.annotate(
-                f"#{key[0]} f={key[1]}",
-                (row.s, y[row.worker]),
-                xytext=(2, 9),
-                textcoords="offset points",
-                fontsize=8,
-                color="tab:blue",
-            )
+            labels.add(row.s, lane_y, f"#{key[0]} f={key[1]}", short=f"#{key[0]}", color="tab:blue")
 
-    # Point events. Labels of writes that land at about the same moment are stacked.
-    labelled: dict[str, list[float]] = {}
-    for kind, (_, style) in _MARKS.items():
-        if kind == "rejected":
-            rows = frame[frame["kind"].isin(_REJECTED)]
-        elif kind == "reap":
-            rows = reap_rows
-        elif kind == "crash":
-            rows = frame[frame["kind"] == "crash"]
+    # Point events, each under its mark.
+    dead_ids = {int(i) for i in dead}
+    fails = frame[(frame["kind"] == "fail") & frame["job_id"].isin(dead_ids)]
+    last_fail = {int(j): i for j, i in zip(fails["job_id"], fails.index, strict=True)}
+
+    def mark(row: Any) -> str | None:
+        kind, detail = row.kind, str(row.detail or "")
+        if kind in _REJECTED:
+            return "rejected"
+        if kind == "lease-lost":
+            return "lease-ran-out" if detail == _LOCAL_EXPIRY else "lease-lost"
+        if kind == "fail":
+            if last_fail.get(int(row.job_id)) == row.Index:
+                return "dead"
+            return "timeout" if detail.startswith("TimeoutError") else "fail"
+        if kind == "reap":
+            return "dead" if detail == "dead" else "reap"
+        return kind if kind in _MARKS else None
+
+    points: dict[str, tuple[list[float], list[float]]] = {}
+    for row in frame.itertuples():
+        what = mark(row)
+        if what is None:
+            continue
+        if row.kind == "reap":
+            targets = [holder.get((int(row.job_id), int(row.fence)), "reaper")]
+        elif row.kind == "crash":
+            targets = _lanes_of(row.worker, lanes[:clients])
+        elif row.kind == "pause" or row.worker not in y:
+            continue
         else:
-            rows = frame[(frame["kind"] == kind) & frame["worker"].isin(lanes)]
-        xs: list[float] = []
-        ys: list[float] = []
-        for row in rows.itertuples():
-            if kind == "reap":
-                lane = holder.get((int(row.job_id), int(row.fence)), "reaper")
-                targets = [lane]
-            elif kind == "crash":
-                targets = _lanes_of(row.worker, lanes)
-            else:
-                targets = [row.worker]
-            for lane in targets:
-                xs.append(row.s)
-                ys.append(y[lane])
-                if kind in ("rejected", "unfenced-write") and len(rows) <= 12:
-                    near = [
-                        t for t in labelled.setdefault(lane, []) if abs(t - row.s) < 0.25 * end_s
-                    ]
-                    labelled[lane].append(row.s)
-                    what = row.kind.removesuffix("-rejected").replace("fenced-write", "write")
-                    text = f"{what} f={int(row.fence)} rejected"
-                    if kind == "unfenced-write":
-                        text = f"write f={int(row.fence)} accepted, unchecked"
-                    ax.annotate(
-                        text,
-                        (row.s, y[lane]),
-                        xytext=(6, 8 if not near else -6 - 10 * len(near)),
-                        textcoords="offset points",
-                        fontsize=8,
-                        color=style["color"],
-                    )
-                elif kind == "reap" and annotate:
-                    ax.annotate(
-                        f"#{int(row.job_id)} back",
-                        (row.s, y[lane]),
-                        xytext=(-4, -16),
-                        textcoords="offset points",
-                        fontsize=8,
-                    )
-        if xs:
-            ax.scatter(
-                xs, ys, zorder=3, linewidths=1.5 if style["marker"] == "|" else None, **style
-            )
-            used.add(kind)
+            targets = [row.worker]
+        for lane in targets:
+            xs, ys = points.setdefault(what, ([], []))
+            xs.append(row.s)
+            ys.append(y[lane])
+            if what == "rejected" and not stores:  # storage lanes say it where it lands
+                name = row.kind.removesuffix("-rejected").replace("fenced-write", "write")
+                labels.add(
+                    row.s,
+                    y[lane],
+                    f"{name} f={int(row.fence)} rejected",
+                    short="rejected",
+                    priority=0,
+                    color="red",
+                )
+            elif what == "unfenced-write":
+                labels.add(
+                    row.s,
+                    y[lane],
+                    f"write f={int(row.fence)} accepted, unchecked",
+                    short="unchecked",
+                    priority=0,
+                    color="darkorange",
+                )
+            elif what == "dead":
+                labels.add(row.s, y[lane], f"#{int(row.job_id)} dead", priority=1, side="below")
+            elif what == "reap" and annotate:
+                labels.add(row.s, y[lane], f"#{int(row.job_id)} back", priority=1, side="below")
+            elif what == "timeout":
+                labels.add(row.s, y[lane], "timed out", priority=1, side="below", color="tab:brown")
+    for what, (xs, ys) in points.items():
+        _, style = _MARKS[what]
+        ax.scatter(
+            xs,
+            ys,
+            zorder=3,
+            linewidths=1.5 if what in ("heartbeat", "lease-ran-out") else None,
+            **style,
+        )
+        for x, lane_y in zip(xs, ys, strict=True):
+            labels.block_point(x, lane_y, style["s"] ** 0.5)
+        used.add(what)
+
+    # Storage lanes: the fence the database holds, and the writes that reach it.
+    left = min(0.0, float(frame["s"].min()) if len(frame) else 0.0)
+    if stores:
+        _draw_storage(ax, frame, stores, y, lanes[clients:], origin, left, end_s, labels)
+        ax.axhline(clients - 0.5, color="0.6", linewidth=0.8)
+        used.add("storage")
 
     ax.set_yticks(range(len(lanes)), lanes)
     ax.set_ylim(len(lanes) - 0.5, -0.6)  # first worker on top
-    ax.set_xlim(
-        left=min(0.0, float(frame["s"].min()) if len(frame) else 0.0), right=end_s * 1.25 + 0.05
-    )
+    ax.set_xlim(left=left, right=end_s * (1.25 if stores else 1.12) + 0.05)
     ax.set_xlabel("time since start (s)")
-    ax.set_ylabel("worker")
+    ax.set_ylabel("worker" if not stores else "worker / database")
     ax.set_title(title)
     ax.grid(axis="x", alpha=0.3)
     if legend:
@@ -312,28 +527,177 @@ def timeline(
                     label="waiting for a row lock",
                 )
             )
+        if "lease-band" in used:
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    color="tab:red",
+                    alpha=0.5,
+                    linewidth=1.5,
+                    label="lease (lease_until, from the database)",
+                )
+            )
         if "expiry" in used:
             handles.append(
                 Line2D([], [], color="tab:red", linestyle=":", linewidth=2, label="lease runs out")
             )
         for kind, (label, style) in _MARKS.items():
             if kind in used:
+                hollow = style.get("facecolors") == "none"
+                color = style.get("edgecolors") if hollow else style["color"]
                 handles.append(
                     Line2D(
                         [],
                         [],
                         linestyle="",
                         marker=style["marker"],
-                        color=style["color"],
-                        markersize=8,
+                        color=color,
+                        markerfacecolor="none" if hollow else color,
+                        markersize=8 if kind != "dead" else 11,
                         label=label,
                     )
                 )
+        if "storage" in used:
+            handles += [
+                Line2D(
+                    [], [], color="0.45", linewidth=5, alpha=0.35, label="fence stored in the row"
+                ),
+                Line2D(
+                    [],
+                    [],
+                    color="tab:blue",
+                    marker=">",
+                    markersize=6,
+                    label="claim: new fence handed out",
+                ),
+                Line2D(
+                    [],
+                    [],
+                    color="tab:green",
+                    marker=">",
+                    markersize=6,
+                    label="write with the current fence",
+                ),
+                Line2D(
+                    [],
+                    [],
+                    color="red",
+                    marker=">",
+                    markersize=6,
+                    label="write with an old fence: refused",
+                ),
+            ]
         ax.legend(
             handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False
         )
     fig.tight_layout()
+    labels.place()
     return fig
+
+
+def _draw_storage(
+    ax: Axes,
+    frame: pd.DataFrame,
+    stores: Mapping[str, pd.DataFrame],
+    y: Mapping[str, int],
+    names: list[str],
+    origin: float,
+    left: float,
+    end_s: float,
+    labels: _Labels,
+) -> None:
+    """Each storage lane: the stored fence as labelled segments; each write an arrow from
+    its worker's lane to the row it reached, green when taken, red with ``1 < 2: refused``
+    when the stored fence turned it away; each claim an arrow handing out the new fence."""
+    right = end_s * 1.25 + 0.05
+    for name in names:
+        store = stores[name].sort_values("t")
+        lane_y = y[name]
+        # A fence stored before the events begin is drawn from the left edge.
+        times = [max(float(t) - origin, left) for t in store["t"]]
+        if times and times[0] <= left + 0.03 * (right - left):
+            times[0] = left  # there from (about) the start
+        if not times or times[0] > left + 0.03 * (right - left):
+            start = times[0] if times else right
+            ax.plot([left, start], [lane_y, lane_y], color="0.6", linestyle="--", linewidth=1)
+            labels.add(left, lane_y, "no row yet", priority=0, color="0.35")
+        for i, (t, fence) in enumerate(zip(times, store["fence"], strict=True)):
+            stop = times[i + 1] if i + 1 < len(times) else right
+            ax.plot(
+                [t, stop],
+                [lane_y, lane_y],
+                color="0.45",
+                linewidth=5,
+                alpha=0.35,
+                solid_capstyle="butt",
+            )
+            ax.plot([t, t], [lane_y - 0.2, lane_y + 0.2], color="0.3", linewidth=1)
+            labels.block(t, stop, lane_y - 0.05, lane_y + 0.05)
+            labels.add(
+                t,
+                lane_y,
+                f"fence {int(fence)}",
+                short=f"f={int(fence)}",
+                priority=0,
+                stay_right=True,
+                color="0.15",
+            )
+
+    def stored_at(name: str, s: float) -> int | None:
+        store = stores[name]
+        before = store[store["t"] - origin <= s + 1e-3]
+        return None if not len(before) else int(before.sort_values("t")["fence"].iloc[-1])
+
+    targets = {kind: names[0] for kind in _JOB_WRITES} | {kind: names[-1] for kind in _SIDE_WRITES}
+    for row in frame[
+        frame["kind"].isin(list(targets)) & frame["worker"].isin(list(y))
+    ].itertuples():
+        store = targets[row.kind]
+        worker_y, store_y = y[row.worker], y[store]
+        refused = row.kind in _REJECTED
+        color = "tab:blue" if row.kind == "claim" else "red" if refused else "tab:green"
+        tail, head = (store_y, worker_y) if row.kind == "claim" else (worker_y, store_y)
+        ax.annotate(
+            "",
+            xy=(row.s, head),
+            xytext=(row.s, tail),
+            arrowprops={
+                "arrowstyle": "-|>",
+                "color": color,
+                "lw": 1.2,
+                "alpha": 0.8,
+                "shrinkA": 6,
+                "shrinkB": 6,
+            },
+            zorder=1,
+        )
+        labels.block_vline(row.s, min(worker_y, store_y) + 0.2, max(worker_y, store_y) - 0.2)
+        if refused:
+            held = stored_at(store, row.s)
+            ticket = int(row.fence)
+            text = (
+                f"{ticket} < {held}: refused" if held is not None and ticket < held else "refused"
+            )
+            labels.add(row.s, store_y, text, short="refused", priority=0, color="red", side="below")
+            ax.scatter([row.s], [store_y], marker="X", color="red", s=60, zorder=3)
+            labels.block_point(row.s, store_y, 60**0.5)
+
+
+def fencing(
+    events: EventLog | pd.DataFrame,
+    storage: Mapping[str, pd.DataFrame],
+    *,
+    title: str = "Fencing: the database refuses the writes of an old fence",
+    lanes: Sequence[str] | None = None,
+    leases: pd.DataFrame | None = None,
+    ax: Axes | None = None,
+) -> Figure:
+    """Kleppmann's fencing figure for one job: the workers' lanes on top, and below them
+    the rows the database stores (``storage``, see ``timeline``), with the fence each one
+    held over time and an arrow for every claim and write between them. A late write
+    reaching a row whose fence moved on is marked where it lands: ``1 < 2: refused``."""
+    return timeline(events, storage=storage, lanes=lanes, leases=leases, title=title, ax=ax)
 
 
 def _count_lanes(frame: pd.DataFrame) -> int:
