@@ -1,0 +1,99 @@
+"""Checks for notebook 06, polling and LISTEN/NOTIFY: what an idle worker costs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from .. import lab, polling
+from . import expect, passed
+
+# (concurrency, queues, poll_interval, reap_interval): settings the formula is tried on.
+CASES = [(1, 1, 2.0, 5.0), (4, 1, 0.1, 5.0), (1, 3, 1.0, 5.0), (2, 2, 0.25, 0.5), (3, 2, 0.5, 1.0)]
+LIVE = (2, 2, 0.25, 0.5)  # the setting measured on a real worker
+TOLERANCE = 0.3  # measured against predicted, relative: polls come a claim's time late
+
+
+def _reference(concurrency: int, queues: int, poll: float, reap: float) -> float:
+    return concurrency * queues / poll + 1 / reap
+
+
+# Plausible slips, each with what to look at.
+_SLIPS: list[tuple[Callable[[int, int, float, float], float], str]] = [
+    (
+        lambda c, q, p, r: c * q / p,
+        "you left out the reaper: the worker also runs the reap statement once every "
+        "reap_interval seconds, work or no work",
+    ),
+    (
+        lambda c, q, p, r: q / p + 1 / r,
+        "each of the worker's `concurrency` lanes polls on its own: multiply the claims by "
+        "concurrency",
+    ),
+    (
+        lambda c, q, p, r: c / p + 1 / r,
+        "a lane asks each of its queues in turn, one claim statement per queue per poll: "
+        "multiply the claims by the number of queues",
+    ),
+    (
+        lambda c, q, p, r: c * q / p + c / r,
+        "the reaper runs once per worker (in its keeper thread), not once per lane",
+    ),
+    (
+        lambda c, q, p, r: c * q / p + 1 / r + 3 / 30,
+        "an idle worker holds no job, so it sends no heartbeats: they come only while a job "
+        "is held",
+    ),
+    (
+        lambda c, q, p, r: c * q * p + 1 / r,
+        "a lane claims once every poll_interval seconds: that is 1 / poll_interval claims a "
+        "second, not poll_interval",
+    ),
+]
+
+
+def check_idle_formula(formula: Callable[[int, int, float, float], float]) -> None:
+    """Compare ``formula(concurrency, queues, poll_interval, reap_interval)`` (statements per
+    second of an idle worker) with the worker's rules, then with a real idle worker."""
+    expect(
+        callable(formula),
+        "idle_statements_per_s should be a function of "
+        "(concurrency, queues, poll_interval, reap_interval)",
+    )
+    for case in CASES:
+        try:
+            got = float(formula(*case))
+        except Exception as exc:
+            expect(False, f"idle_statements_per_s{case} raised {type(exc).__name__}: {exc}")
+        want = _reference(*case)
+        if math.isclose(got, want, rel_tol=0.02):
+            continue
+        for slip, hint in _SLIPS:
+            if math.isclose(got, slip(*case), rel_tol=0.02):
+                expect(False, hint)
+        c, q, p, r = case
+        expect(
+            False,
+            f"for concurrency={c}, queues={q}, poll_interval={p:g}, reap_interval={r:g} your "
+            f"formula gives {got:.3g} statements/s: count each lane's claims (one per queue per "
+            "poll) and the worker's reaps",
+        )
+    c, q, p, r = LIVE
+    predicted = float(formula(*LIVE))
+    names = [f"q{i}" for i in range(1, q + 1)]
+    with lab.scratch_database("course_06_exercise") as dsn:
+        rates = polling.idle_statements(
+            dsn, concurrency=c, queues=names, poll_interval=p, reap_interval=r, seconds=1.5
+        )
+    measured = sum(rates.values())
+    detail = ", ".join(f"{kind} {rate:.1f}/s" for kind, rate in sorted(rates.items()))
+    expect(
+        abs(measured - predicted) <= TOLERANCE * predicted,
+        f"a real worker ({c} lanes, {q} queues, poll {p:g} s, reap {r:g} s) sent "
+        f"{measured:.1f} statements/s ({detail}); your formula says {predicted:.1f}",
+    )
+    passed(
+        f"your formula predicts {predicted:g} statements/s for {c} lanes on {q} queues "
+        f"(poll {p:g} s, reap {r:g} s), and a real idle worker sent that, within "
+        f"{TOLERANCE:.0%}"
+    )
