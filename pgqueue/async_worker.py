@@ -277,6 +277,7 @@ class AsyncWorker:
         # each was added: flushed when their batch is over, or by the keeper once the
         # oldest has waited flush_after (so a fast job is not held behind a slow sibling).
         self._buffer: list[tuple[_Held, float]] = []
+        self._flusher: asyncio.Task[None] | None = None
         self._claims = _Link(self)
         self._writes = _Link(self)
         self._pool: ConnectionPool | None = None
@@ -368,11 +369,12 @@ class AsyncWorker:
             await asyncio.wait(
                 self._tasks[:1] + list(self._running.values()), timeout=min(left, 0.1)
             )
-        with contextlib.suppress(psycopg.Error, ConnectError):
-            await self._flush()
+        await self._flushed()
         self._abandoned = True
         self._closed = True
         doomed = [*self._tasks, *self._running.values()]
+        if self._flusher is not None:
+            doomed.append(self._flusher)
         for task in doomed:
             task.cancel()
         await asyncio.gather(*doomed, return_exceptions=True)
@@ -505,7 +507,7 @@ class AsyncWorker:
                         await self._finish(held, "complete")
             held.batch.left -= 1
             if held.batch.left == 0:
-                await self._flush()  # the batch is over: its completions go now, together
+                self._flush_soon()  # the batch is over: its completions go now, together
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the bookkeeping failed: leave the job to its lease
@@ -678,11 +680,31 @@ class AsyncWorker:
             )
         return took
 
-    async def _flush(self, waited: float = 0.0) -> None:
-        """Complete the buffered jobs in one fenced statement: all of them, or (``waited``)
-        only if the oldest has waited that long."""
-        if not self._buffer or time.monotonic() - self._buffer[0][1] < waited:
-            return
+    def _flush_soon(self) -> None:
+        """Start the flusher unless it runs. It completes what is buffered in one fenced
+        statement, then again what was buffered meanwhile, until nothing is: one statement
+        in flight at a time, so under load each carries every completion that waited."""
+        if self._buffer and (self._flusher is None or self._flusher.done()):
+            self._flusher = asyncio.create_task(
+                self._flush_all(), name=f"pgqueue-{self.name}-flush"
+            )
+
+    async def _flushed(self) -> None:
+        """Wait until every buffered completion went out (stopping)."""
+        while self._buffer or (self._flusher is not None and not self._flusher.done()):
+            self._flush_soon()
+            assert self._flusher is not None
+            await asyncio.wait([self._flusher])
+
+    async def _flush_all(self) -> None:
+        while self._buffer:
+            try:
+                await self._flush()
+            except Exception as exc:  # not a lost connection (handled): leave them to lease
+                log.error("%s: completing a batch: %s", self.name, describe(exc))
+
+    async def _flush(self) -> None:
+        """Complete every buffered job in one fenced statement."""
         helds = [held for held, _ in self._buffer]
         self._buffer = []
         try:
@@ -771,7 +793,8 @@ class AsyncWorker:
                         await self._reap(await link.get())
                         next_reap = now + self.reap_interval
                     self._expire()
-                    await self._flush(waited=self.flush_after)
+                    if self._buffer and now - self._buffer[0][1] >= self.flush_after:
+                        self._flush_soon()
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # the keeper must not die silently either
@@ -791,7 +814,9 @@ class AsyncWorker:
         held = [h for h in self._in_flight.values() if not h.job.lost]
         if not held:
             return
-        lost = {_key(j) for j in await queue.heartbeat_many([h.job for h in held], self.lease)}
+        lost = {
+            _key(j) for j in await queue.heartbeat_many([h.job for h in held], lease=self.lease)
+        }
         rows = []
         for h in held:
             key = _key(h.job)

@@ -278,6 +278,27 @@ def test_async_fenced_write_takes_a_newer_fence_and_refuses_a_stale_one(
     assert rows(dsn, "SELECT body, fence FROM side") == [("second", 2)]
 
 
+def test_the_array_statements_are_planned_for_each_call_never_prepared(
+    queue: Queue, dsn: str
+) -> None:
+    """A prepared statement's generic plan cannot see an array's length: complete_many and
+    heartbeat_many are planned per call (the AsyncWorker's arrays run to thousands)."""
+    queue.enqueue_many([{"n": i} for i in range(8)], queue="q")
+
+    async def main() -> list[str]:
+        async with AsyncQueue(dsn) as q:
+            for _ in range(8):  # past the five custom plans a prepared statement gets
+                [job] = await q.claim("q")
+                assert await q.heartbeat_many([job]) == []
+                assert await q.complete_many([job]) == []
+            cur = await q.conn.execute("SELECT statement FROM pg_prepared_statements")
+            return [row[0] for row in await cur.fetchall()]
+
+    prepared = run(main())
+    assert any("FOR UPDATE SKIP LOCKED" in text for text in prepared)  # the claim is
+    assert not any("unnest" in text for text in prepared), prepared
+
+
 # -- AsyncWorker: drain, failures, timeouts ---------------------------------------------
 def test_async_workers_drain_a_queue_each_job_done_once_with_concurrency(
     queue: Queue, dsn: str
