@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .async_io import ASYNC_COLUMNS, bench_async
 from .claim_size import bench_claim
 from .drain import DrainConfig, _add_ratio_to_limit, bench_drain
 from .enqueue import bench_enqueue
@@ -34,7 +35,7 @@ from .report import (
 )
 from .runner import Bench, bench_server
 
-BENCHMARKS = ("drain", "limit", "peers", "polling", "claim", "enqueue")
+BENCHMARKS = ("drain", "limit", "peers", "polling", "claim", "enqueue", "async")
 
 
 def run(
@@ -74,6 +75,7 @@ def run(
         ("polling", "bench_polling.csv", POLLING_COLUMNS, lambda: bench_polling(bench)),
         ("claim", "bench_claim_size.csv", CLAIM_COLUMNS, lambda: bench_claim(bench)),
         ("enqueue", "bench_enqueue.csv", ENQUEUE_COLUMNS, lambda: bench_enqueue(bench)),
+        ("async", "bench_async.csv", ASYNC_COLUMNS, lambda: bench_async(bench)),
     ]
     for name, filename, columns, func in plan:
         if name not in only:
