@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -15,27 +16,56 @@ from typing import Any
 
 from .async_io import ASYNC_COLUMNS, bench_async
 from .claim_size import bench_claim
+from .cli_worker import bench_cli_worker
+from .cpu import bench_cpu
 from .drain import DrainConfig, _add_ratio_to_limit, bench_drain
 from .enqueue import bench_enqueue
+from .housekeeping import bench_housekeeping
+from .notify import bench_notify
 from .peers import bench_peers
 from .plots import figures
 from .polling import bench_polling
 from .report import (
     CLAIM_COLUMNS,
+    CLI_WORKER_COLUMNS,
+    CPU_COLUMNS,
     DRAIN_COLUMNS,
     ENQUEUE_COLUMNS,
+    HOUSEKEEPING_COLUMNS,
+    NOTIFY_COLUMNS,
     PEERS_COLUMNS,
     POLLING_COLUMNS,
+    ROUNDTRIPS_COLUMNS,
     SUMMARY_COLUMNS,
     _version,
     machine,
+    row_targets,
     summarize,
     table,
     write_csv,
 )
+from .roundtrips import bench_roundtrips
 from .runner import Bench, bench_server
 
-BENCHMARKS = ("drain", "limit", "peers", "polling", "claim", "enqueue", "async")
+BENCHMARKS = (
+    "drain",
+    "limit",
+    "peers",
+    "polling",
+    "claim",
+    "enqueue",
+    "async",
+    "cli_worker",
+    "cpu",
+    "roundtrips",
+    "housekeeping",
+    "notify",
+)
+
+
+def _load() -> list[float]:
+    """The machine's load average over 1, 5 and 15 minutes (others share this machine)."""
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def run(
@@ -53,7 +83,14 @@ def run(
     info["mode"] = "quick" if bench.quick else "full"
     out.mkdir(parents=True, exist_ok=True)
     versions = {name: _version(name) for name in ("procrastinate", "pgqueuer")}
-    (out / "machine.json").write_text(json.dumps(info | versions, indent=2) + "\n")
+    # The load average (1, 5, 15 min) when the run and each benchmark began, and at the
+    # end: a number taken while others loaded the machine can be told apart.
+    load: dict[str, Any] = {"load_average_start": _load(), "load_average_by_benchmark": {}}
+
+    def write_machine() -> None:
+        (out / "machine.json").write_text(json.dumps(info | versions | load, indent=2) + "\n")
+
+    write_machine()
     log(f"machine: {info}")
     results: dict[str, list[dict[str, Any]]] = {}
     drain_samples: dict[DrainConfig, list[float]] = {}
@@ -76,10 +113,31 @@ def run(
         ("claim", "bench_claim_size.csv", CLAIM_COLUMNS, lambda: bench_claim(bench)),
         ("enqueue", "bench_enqueue.csv", ENQUEUE_COLUMNS, lambda: bench_enqueue(bench)),
         ("async", "bench_async.csv", ASYNC_COLUMNS, lambda: bench_async(bench)),
+        (
+            "cli_worker",
+            "bench_cli_worker.csv",
+            CLI_WORKER_COLUMNS,
+            lambda: bench_cli_worker(bench),
+        ),
+        ("cpu", "bench_cpu.csv", CPU_COLUMNS, lambda: bench_cpu(bench)),
+        (
+            "roundtrips",
+            "bench_roundtrips.csv",
+            ROUNDTRIPS_COLUMNS,
+            lambda: bench_roundtrips(bench),
+        ),
+        (
+            "housekeeping",
+            "bench_housekeeping.csv",
+            HOUSEKEEPING_COLUMNS,
+            lambda: bench_housekeeping(bench),
+        ),
+        ("notify", "bench_notify.csv", NOTIFY_COLUMNS, lambda: bench_notify(bench)),
     ]
     for name, filename, columns, func in plan:
         if name not in only:
             continue
+        load["load_average_by_benchmark"][name] = _load()
         started = time.perf_counter()
         rows = func()
         if name == "drain":
@@ -95,7 +153,9 @@ def run(
         results.get("claim"),
         results.get("enqueue"),
         drain_cpu,
-    )
+    ) + row_targets(results)
+    load["load_average_end"] = _load()
+    write_machine()
     if summary:
         results["summary"] = summary
         write_csv(out / "bench_summary.csv", summary, SUMMARY_COLUMNS, info)
