@@ -12,6 +12,13 @@ import pytest
 
 from pgqueue.tools import bench
 from pgqueue.tools.bench import Bench, DrainConfig
+from pgqueue.tools.bench.cli_worker import bench_cli_worker, pgbench_script
+from pgqueue.tools.bench.cpu import bench_cpu
+from pgqueue.tools.bench.housekeeping import bench_housekeeping
+from pgqueue.tools.bench.notify import bench_notify
+from pgqueue.tools.bench.plots import stamp
+from pgqueue.tools.bench.report import row_targets
+from pgqueue.tools.bench.roundtrips import bench_roundtrips
 
 
 @pytest.fixture
@@ -129,3 +136,111 @@ def test_polling_claim_and_peers_produce_rows(small: Bench) -> None:
         row = drains.get(system)
         # A peer that is not installed (no `bench` extra) is reported, not fatal.
         assert row is None or row["jobs_per_s_median"] > 0 or row["note"]
+
+
+# -- the benchmarks of the worker as users run it, and of housekeeping -----------------
+def test_cli_worker_drains_with_the_cli_the_hand_loop_and_pgbench(small: Bench) -> None:
+    rows = bench_cli_worker(small, n_jobs=200, repeats=1)
+    assert [r["system"] for r in rows] == ["cli-worker", "worker-library", "hand-loop", "pgbench"]
+    for row in rows:  # each run checks that all 200 jobs ended done
+        assert (
+            row["runs"] == 1 and row["jobs_per_s_median"] > 0 and row["wall_jobs_per_s_median"] > 0
+        )
+    cli = rows[0]
+    assert cli["ratio_to_hand_loop"] > 0 and cli["ratio_to_pgbench"] > 0
+    assert cli["startup_s_median"] > 0 and cli["empty_queue_s_median"] > 0
+    assert "--concurrency 4 --batch 10" in cli["command"]
+
+
+def test_pgbench_script_runs_the_worker_sql() -> None:
+    script = pgbench_script(10)
+    assert "ORDER BY priority DESC, run_at, id" in script and "started_at  = now()" in script
+    assert "finished_at = now()" in script and "%(" not in script and "\\gset" in script
+
+
+def test_cpu_runs_threads_and_processes(small: Bench) -> None:
+    rows = bench_cpu(small, n_jobs=6, repeats=1, handler_ms=2)
+    assert [r["config"] for r in rows] == ["threads-1", "threads-2", "processes-2"]
+    assert all(r["jobs_per_s_median"] > 0 and r["ratio_to_threads_2"] > 0 for r in rows)
+
+
+def test_roundtrip_variants_each_drain_every_job(small: Bench) -> None:
+    rows = bench_roundtrips(small, grid=[(2, 5)], n_jobs=lambda b: 103, repeats=1)
+    assert [r["variant"] for r in rows] == ["two-statements", "pipeline", "one-statement"]
+    assert all(r["jobs_per_s_median"] > 0 for r in rows)
+    assert rows[0]["ratio_to_two_statements"] == 1.0
+
+
+def test_housekeeping_removes_the_same_rows_each_way(small: Bench) -> None:
+    rows = {r["operation"]: r for r in bench_housekeeping(small, n_rows=5_000, repeats=1)}
+    assert set(rows) == {"stats", "stats-exact", "prune", "delete", "archive-move", "archive-drop"}
+    removed = {rows[op]["rows_affected"] for op in ("prune", "delete", "archive-move")}
+    assert len(removed) == 1 and removed.pop() > 0
+    assert rows["prune"]["transactions"] > 0 and rows["delete"]["transactions"] == 1
+    assert all(r["seconds_median"] > 0 for op, r in rows.items() if op != "archive-drop")
+
+
+def test_notify_compares_the_trigger_on_and_off(small: Bench) -> None:
+    rows = bench_notify(small, producers=(1, 2), seconds=0.2, repeats=1)
+    assert len(rows) == 8 and {r["trigger"] for r in rows} == {"on", "off"}
+    assert all(r["jobs_per_s_median"] > 0 and r["ratio_off_to_on"] > 0 for r in rows)
+
+
+def test_figures_are_drawn_from_every_csv(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    machine = {"date_utc": "2026-01-01 00:00", "cpu_model": "cpu", "cores": 2, "mode": "quick"}
+    one = {"jobs_per_s_median": 2.0, "jobs_per_s_min": 1.0, "jobs_per_s_max": 3.0}
+    wall = {f"wall_{k}": v for k, v in one.items()}
+    ratios = [f"{c}ratio_to_{o}" for c in ("", "wall_") for o in ("hand_loop", "pgbench")]
+    tables = {
+        "cli_worker": [
+            {"system": s, "n_jobs": 10, **one, **wall, **dict.fromkeys(ratios, 1.0)}
+            for s in ("cli-worker", "worker-library", "hand-loop", "pgbench")
+        ],
+        "cpu": [{"config": c, "flags": "-c 1", "n_jobs": 5, **one, **wall} for c in ("a", "b")],
+        "roundtrips": [
+            {"variant": v, "concurrency": 4, "batch": 10, **one, "ratio_to_two_statements": 1.0}
+            for v in ("two-statements", "pipeline")
+        ],
+        "housekeeping": [
+            {
+                "operation": op,
+                "rows_in_table": 9,
+                "rows_affected": 1,
+                "seconds_median": 0.5,
+                "longest_txn_s": 0.1,
+            }
+            for op in ("stats", "stats-exact", "prune", "delete")
+        ],
+        "notify": [
+            {"method": "enqueue", "jobs_per_transaction": 1, "producers": p, "trigger": t, **one}
+            for p in (1, 4)
+            for t in ("on", "off")
+        ],
+    }
+    for name, rows in tables.items():
+        bench.write_csv(tmp_path / f"bench_{name}.csv", rows, list(rows[0]), machine)
+    written = bench.figures(tmp_path)
+    assert {p.name for p in written} == {f"bench_{n}.png" for n in tables}
+    assert all(p.stat().st_size > 0 for p in written)
+    assert "2026-01-01 00:00 UTC (quick run)" in stamp(tables["cpu"], machine, "cpu")
+
+
+def test_row_targets_read_the_ratios_from_the_rows() -> None:
+    cli = {"system": "cli-worker", "startup_s_median": 0.4, "exit_s_median": 0.5}
+    for other in ("worker_library", "hand_loop", "pgbench"):
+        for clock in ("", "wall_"):
+            cli |= {f"{clock}ratio_to_{other}{s}": 0.8 for s in ("", "_min", "_max")}
+    cpu = {
+        "config": "processes-2",
+        "handler_ms": 20,
+        "ratio_to_threads_2": 1.8,
+        "ratio_to_threads_2_min": 1.7,
+        "ratio_to_threads_2_max": 1.9,
+        "wall_ratio_to_threads_2": 1.5,
+        "ratio_to_threads_1": 1.8,
+    }
+    targets = {t["target"]: t for t in row_targets({"cli_worker": [cli], "cpu": [cpu]})}
+    assert targets["CLI worker c=4 b=10 vs hand-written loop"]["met"] == "no"
+    assert targets["CLI worker c=4 b=10 vs pgbench, same SQL"]["met"] == "yes"
+    assert targets["CPU-bound: --processes 2 vs 2 threads"]["met"] == "yes"
