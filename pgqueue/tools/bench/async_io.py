@@ -7,12 +7,14 @@ once, and what that costs in memory. The handlers ask for no connection, so 500 
 at once need none: the AsyncWorker's own four (claims, writes, keeper, LISTEN when on)
 are all it opens, where the Worker opens one per thread.
 
-Each run drains ``n_jobs`` prefilled jobs with a fresh worker process (``python -m
-pgqueue.tools.bench.async_io --child ...``, burst mode, no LISTEN, no event record), which
+Each run drains ``n_jobs`` prefilled jobs with a fresh worker process (``main`` of this
+module, ``--child ...``: burst mode, no LISTEN, no event record), which
 reports the time from building the worker to the last completion and its peak resident
 memory (``VmHWM`` of ``/proc/self/status``; ``baseline_rss_mb`` is its memory after
 imports, before the worker starts). Meanwhile the benchmark counts the worker's sessions
-in ``pg_stat_activity``. Runs of the two systems are interleaved; medians are reported.
+in ``pg_stat_activity``, and the 1-minute load average before each run (the machine is
+shared: the AsyncWorker's throughput is CPU-bound, and falls when others load the cores).
+Runs of the two systems are interleaved; medians are reported.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -46,10 +49,13 @@ ASYNC_COLUMNS = [
     "peak_rss_mb_max",
     "baseline_rss_mb",
     "connections_peak",
+    "load_1m_median",
     "runs",
     "settings",
 ]
 APP_NAME = "pgqueue worker bench-io"  # the worker's sessions, as pg_stat_activity shows them
+# The worker process (not ``python -m``: the package imports this module before runpy would).
+CHILD = "import sys; from pgqueue.tools.bench.async_io import main; sys.exit(main(sys.argv[1:]))"
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,7 @@ def bench_async(
                 "peak_rss_mb_max": round(peak[2], 1),
                 "baseline_rss_mb": round(statistics.median(r["baseline_rss_mb"] for r in runs), 1),
                 "connections_peak": int(max(r["connections"] for r in runs)),
+                "load_1m_median": round(statistics.median(r["load_1m"] for r in runs), 2),
                 "runs": len(runs),
                 "settings": config.settings,
             }
@@ -124,10 +131,11 @@ def bench_async(
 def drain_io_once(dsn: str, config: IoConfig, n_jobs: int, io_ms: float) -> dict[str, float]:
     """Prefill ``n_jobs`` jobs, drain them with a worker process; what it measured."""
     prefill(dsn, n_jobs)
+    load = os.getloadavg()[0]  # others share this machine: a loaded run can be told apart
     command = [
         sys.executable,
-        "-m",
-        "pgqueue.tools.bench.async_io",
+        "-c",
+        CHILD,
         "--child",
         config.system,
         "--dsn",
@@ -162,6 +170,7 @@ def drain_io_once(dsn: str, config: IoConfig, n_jobs: int, io_ms: float) -> dict
         "peak_rss_mb": result["peak_rss_kb"] / 1024,
         "baseline_rss_mb": result["baseline_rss_kb"] / 1024,
         "connections": sessions,
+        "load_1m": load,
     }
 
 
@@ -221,7 +230,7 @@ def _child(system: str, dsn: str, concurrency: int, batch: int, io_ms: float) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The worker process of one run (``--child``): prints one JSON line."""
-    parser = argparse.ArgumentParser(prog="python -m pgqueue.tools.bench.async_io")
+    parser = argparse.ArgumentParser(prog="pgqueue.tools.bench.async_io worker process")
     parser.add_argument("--child", choices=["async", "threads"], required=True)
     parser.add_argument("--dsn", required=True)
     parser.add_argument("--concurrency", type=int, required=True)
@@ -231,7 +240,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = _child(args.child, args.dsn, args.concurrency, args.batch, args.io_ms)
     print(json.dumps(result), flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
