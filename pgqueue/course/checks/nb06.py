@@ -83,7 +83,7 @@ def check_idle_formula(formula: Callable[[int, int, float, float], float]) -> No
     names = [f"q{i}" for i in range(1, q + 1)]
     with lab.scratch_database("course_06_exercise") as dsn:
         rates = polling.idle_statements(
-            dsn, concurrency=c, queues=names, poll_interval=p, reap_interval=r, seconds=1.5
+            dsn, concurrency=c, queues=names, poll_interval=p, reap_interval=r, seconds=1.2
         )
     measured = sum(rates.values())
     detail = ", ".join(f"{kind} {rate:.1f}/s" for kind, rate in sorted(rates.items()))
