@@ -15,7 +15,17 @@ import time
 from .db import connect
 from .events import EventLog
 from .job import Job
-from .parts import _DISCONNECTS, _Bell, _Failure, _Held, _Lane, _Link, describe, log
+from .parts import (
+    _DISCONNECTS,
+    _Bell,
+    _Failure,
+    _Held,
+    _is_setup_error,
+    _Lane,
+    _Link,
+    describe,
+    log,
+)
 from .queue import Queue
 
 
@@ -42,6 +52,10 @@ class _Keeping:
     queues: list[str]
     timed_out: int
 
+    def _give_up(self, exc: BaseException) -> None:
+        """Stop the whole worker (Worker provides it)."""
+        raise NotImplementedError
+
     def _keep(self) -> None:
         link = _Link(self)
         beat_every = self.lease / 3
@@ -65,6 +79,9 @@ class _Keeping:
                     self._flush(link, waited=self.flush_after)
                 except BaseException as exc:  # the keeper must not die silently either
                     link.drop()
+                    if _is_setup_error(exc):
+                        self._give_up(exc)  # a wrong setting: retrying cannot mend it
+                        return
                     level = logging.WARNING if isinstance(exc, _DISCONNECTS) else logging.ERROR
                     log.log(level, "%s: keeper: %s; reconnecting", self.name, describe(exc))
                     time.sleep(0.1)

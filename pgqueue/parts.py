@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from .db import first_line
-from .errors import ConnectError
+from .errors import ConnectError, PgQueueError
 from .job import Job
 from .queue import Queue
 
@@ -114,3 +114,9 @@ def describe(exc: BaseException) -> str:
     """``Type: first line of the message``: what a job's ``last_error`` and logs say."""
     text = first_line(exc) if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _is_setup_error(exc: BaseException) -> bool:
+    """An error of pgqueue's own that says a setting is wrong (prepared statements through
+    PgBouncer, a dropped table): every retry would meet it again. Lost connections are not."""
+    return isinstance(exc, PgQueueError) and not isinstance(exc, ConnectError)

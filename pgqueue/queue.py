@@ -80,7 +80,7 @@ class Queue:
         # Behind PgBouncer in transaction mode (``pgbouncer=True`` or PGQUEUE_PGBOUNCER=1)
         # nothing is prepared on the server; otherwise every statement is, once.
         self.pgbouncer = pgbouncer_mode(pgbouncer)
-        self._prepare: bool | None = None if self.pgbouncer else True
+        self._prepare = not self.pgbouncer  # False: never, even on a connection of yours
         self.conn: psycopg.Connection = (
             target
             if isinstance(target, psycopg.Connection)

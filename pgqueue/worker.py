@@ -39,11 +39,22 @@ from .events import EventLog, NullEventLog
 from .finishing import _Finishing
 from .job import Job
 from .keeper import _Keeping
-from .parts import _DISCONNECTS, _Bell, _Failure, _Held, _Lane, _Link, describe, log
+from .parts import (
+    _DISCONNECTS,
+    _Bell,
+    _Failure,
+    _Held,
+    _is_setup_error,
+    _Lane,
+    _Link,
+    describe,
+    log,
+)
 from .queue import MAX_BACKOFF, MAX_LEASE, Queue, _lease, _seconds, queue_names
 from .tasks import Tasks
 
 Handler = Callable[[Job], Any]
+
 
 __all__ = ["Handler", "Worker", "_Failure", "describe"]
 
@@ -136,6 +147,7 @@ class Worker(_Finishing, _Keeping):
         self.timed_out = 0  # handlers failed for running past ``timeout``
         self.rejected = 0  # late writes the database refused (someone else holds the job)
         self.gave_up = 0  # writes given up after retries (the lease runs out; reaper returns)
+        self.error: BaseException | None = None  # why the worker stopped itself, if it did
 
         self._bell = _Bell()
         self._stop = threading.Event()
@@ -249,6 +261,17 @@ class Worker(_Finishing, _Keeping):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        if self.error is not None:
+            raise self.error
+
+    def _give_up(self, exc: BaseException) -> None:
+        """Stop the whole worker on an error that retrying cannot mend (a setting is
+        wrong); ``run()`` raises it once the worker has stopped."""
+        if self.error is None:
+            self.error = exc
+            log.error("%s: %s; stopping the worker", self.name, describe(exc))
+        self._stop.set()
+        self._bell.ring()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._stop.is_set():
@@ -298,6 +321,9 @@ class Worker(_Finishing, _Keeping):
                     link.drop()
                     self._forget_lane(lane, "a lane error")
                     if self._stop.is_set() or lane.retired:
+                        return
+                    if _is_setup_error(exc):
+                        self._give_up(exc)
                         return
                     level = logging.WARNING if isinstance(exc, _DISCONNECTS) else logging.ERROR
                     log.log(level, "%s: %s; carrying on in %.1fs", lane.name, describe(exc), delay)

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from conftest import rows
-from pgqueue import Job, Queue, Worker
+from pgqueue import Job, NotInstalled, Queue, Worker
 from pgqueue import worker as worker_module
 
 MakeWorker = Callable[..., Worker]
@@ -381,3 +381,18 @@ def test_higher_priority_runs_first_and_the_claim_reads_the_index_in_order(
     sorts = [line.strip() for line in plan.splitlines() if "Sort Key" in line]
     assert "Index Scan using jobs_ready_idx" in plan, plan
     assert all(key.startswith("Sort Key: claimed.") for key in sorts), plan
+
+
+def test_a_setting_that_retrying_cannot_mend_stops_the_worker_with_that_error(
+    dsn: str, make_worker: MakeWorker
+) -> None:
+    """A dropped jobs table (like prepared statements through PgBouncer without the flag)
+    would meet every retry: the worker stops, and run() raises the one-line error."""
+    worker = make_worker(lambda job: None, burst=False, poll_interval=0.05)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        threading.Timer(0.5, lambda: conn.execute("DROP TABLE jobs CASCADE")).start()
+        began = time.monotonic()
+        with pytest.raises(NotInstalled):
+            worker.run(grace=1)
+    assert time.monotonic() - began < 10
+    assert isinstance(worker.error, NotInstalled)
