@@ -71,8 +71,13 @@ class Job:
 
     def raise_if_lost(self) -> None:
         """Raise ``LeaseLost`` if the job was taken over; call it between steps of long work."""
-        if self.lost:
+        if self._lost:
             raise LeaseLost(f"job {self.id}: fence {self.fence} is stale; discard this work")
+        if self.lost:
+            raise LeaseLost(
+                f"job {self.id}: the lease ran out here before a heartbeat renewed it "
+                "(another worker may hold it now); discard this work"
+            )
 
     def fenced_write(
         self,
