@@ -1,0 +1,106 @@
+"""Checks for notebook 12, asyncio: an async handler that awaits its I/O and its write."""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ...async_job import AsyncJob
+from ...async_queue import AsyncQueue
+from ...async_worker import AsyncWorker
+from .. import lab
+from . import expect, passed
+
+RECEIPTS = """
+CREATE TABLE receipts (
+  order_id bigint PRIMARY KEY,
+  body     text   NOT NULL,
+  job_id   bigint NOT NULL,
+  fence    bigint NOT NULL
+)
+"""
+JOBS = 20  # as many as the worker runs at once: with awaited I/O they all wait together
+IO = 0.1  # seconds of I/O in the notebook's send_email
+
+
+async def check_async_handler(handler: Callable[[AsyncJob], Awaitable[Any]]) -> None:
+    """Run the reader's handler with an AsyncWorker (20 at once) on 20 jobs in a scratch
+    database: every job done, a receipt at fence 1 for each order, and the handlers
+    really waiting together (none blocking the event loop)."""
+    expect(
+        inspect.iscoroutinefunction(handler),
+        "notify_customer should be an async def function: the AsyncWorker awaits it",
+    )
+    starts: list[float] = []
+    ends: list[float] = []
+
+    async def watched(job: AsyncJob) -> Any:
+        starts.append(time.monotonic())
+        try:
+            return await handler(job)
+        finally:
+            ends.append(time.monotonic())
+
+    with lab.scratch_database("course_12_exercise") as dsn:
+        async with AsyncQueue(dsn) as q:
+            await q.conn.execute(RECEIPTS)
+            ids = await q.enqueue_many(
+                [{"order_id": n} for n in range(1, JOBS + 1)], queue="emails", max_attempts=1
+            )
+            worker = AsyncWorker(
+                watched,
+                queue="emails",
+                dsn=dsn,
+                concurrency=JOBS,
+                batch=JOBS,
+                lease=30,
+                poll_interval=0.1,
+                listen=False,
+                burst=True,
+                name="exercise",
+            )
+            await worker.start()
+            await worker.join(timeout=30)
+            await worker.stop(grace=1)
+            cur = await q.conn.execute(
+                "SELECT id, status, last_error FROM jobs WHERE status <> 'done' ORDER BY id"
+            )
+            failed = await cur.fetchall()
+            cur = await q.conn.execute("SELECT order_id, job_id, fence FROM receipts")
+            receipts = await cur.fetchall()
+    if failed:
+        job_id, status, error = failed[0]
+        expect(
+            status != "running",
+            f"job {job_id} was still running after 30 s: does notify_customer ever return?",
+        )
+        expect(False, f"job {job_id} failed: {error} (fix notify_customer and run it again)")
+    expect(
+        receipts,
+        "every job is done but no receipt was written: did you await job.fenced_write(...)? "
+        "Without await the write is a coroutine that never runs",
+    )
+    expect(
+        len(receipts) == JOBS,
+        f"{len(receipts)} receipts for {JOBS} orders: write one per job, keyed by "
+        'job.payload["order_id"]',
+    )
+    expect(
+        {(order, job, fence) for order, job, fence in receipts}
+        == {(n, job_id, 1) for n, job_id in enumerate(ids, start=1)},
+        'each receipt should be keyed by its job\'s payload["order_id"] (written by that '
+        "job, at fence 1): use job.fenced_write, which adds job_id and fence",
+    )
+    span = max(ends) - min(starts)
+    expect(
+        span < JOBS * IO / 2,
+        f"the {JOBS} handlers took {span:.1f} s from the first start to the last end, one "
+        f"after another ({JOBS} x {IO:g} s): something blocks the event loop (time.sleep?); "
+        "await the I/O (await send_email(...)) so the others run meanwhile",
+    )
+    passed(
+        f"{JOBS} receipts at fence 1, one per order; the {JOBS} handlers awaited their "
+        f"{IO:g} s of I/O together, not one after another"
+    )
