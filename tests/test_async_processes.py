@@ -331,3 +331,21 @@ def test_chaos_run_with_threaded_and_async_workers_keeps_every_promise(tmp_path:
     assert report.extra_attempts <= report.bound
     logs = [p.read_text() for p in tmp_path.glob("*.log")]
     assert sum("handlers at once (asyncio)" in log for log in logs) >= 2
+
+
+def test_the_async_benchmark_runs_both_workers_and_finishes_every_job(admin_dsn: str) -> None:
+    """A tiny ``pgqueue bench --only async``: sane rows, never timings."""
+    from pgqueue.tools.bench import Bench
+    from pgqueue.tools.bench.async_io import ASYNC_COLUMNS, IoConfig, bench_async
+
+    small = Bench(admin_dsn, quick=True, repeats=1, progress=False)
+    try:
+        configs = (IoConfig("async", 20, 5), IoConfig("threads", 4, 2))
+        rows = bench_async(small, n_jobs=60, io_ms=5, configs=configs)
+    finally:
+        small.cleanup()
+    assert [r["system"] for r in rows] == ["async", "threads"]
+    for row in rows:  # drain_io_once itself checks that every job ended done
+        assert set(ASYNC_COLUMNS) <= set(row) and row["runs"] == 1 and row["n_jobs"] == 60
+        assert row["jobs_per_s_median"] > 0 and row["peak_rss_mb_median"] >= row["baseline_rss_mb"]
+    assert rows[0]["connections_peak"] <= 4  # claims, writes, keeper: no handler holds one
