@@ -283,6 +283,7 @@ class AsyncWorker:
         self._pool: ConnectionPool | None = None
         self._tasks: list[asyncio.Task[None]] = []  # dispatcher, keeper, listener
         self._closed = False
+        self._stopping: asyncio.Future[None] | None = None
 
     # -- control ---------------------------------------------------------------------
     @property
@@ -356,9 +357,15 @@ class AsyncWorker:
     async def stop(self, grace: float = 10.0) -> None:
         """Stop claiming; let running handlers finish within ``grace`` seconds and complete
         their jobs. Claimed jobs not yet started are released; handlers still running after
-        that are cancelled and their jobs left to their leases (the reaper returns them)."""
-        if self._closed or not self._tasks:
+        that are cancelled and their jobs left to their leases (the reaper returns them).
+        A second caller waits for the first one's stop."""
+        if not self._tasks:
             return
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._shut_down(grace))
+        await asyncio.shield(self._stopping)
+
+    async def _shut_down(self, grace: float) -> None:
         self._stop.set()
         self._bell.ring()
         deadline = time.monotonic() + grace
@@ -404,7 +411,8 @@ class AsyncWorker:
                 await self.join()
             await self.stop(grace)
         finally:
-            if not self._closed:  # cancelled: write nothing more; leases run out
+            if not self._closed:  # cancelled: stop now; unfinished jobs' leases run out
+                self._force.set()
                 await asyncio.shield(self.stop(0.0))
             for sig, before in previous.items():
                 loop.remove_signal_handler(sig)

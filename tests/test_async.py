@@ -620,6 +620,23 @@ def test_stop_after_the_grace_leaves_running_jobs_to_their_lease(queue: Queue, d
     assert rows(dsn, "SELECT status, fence FROM jobs") == [("running", 1)]  # the reaper's now
 
 
+def test_two_stops_at_once_end_the_worker_once(queue: Queue, dsn: str) -> None:
+    queue.enqueue_many([{"n": i} for i in range(3)], queue="q")
+
+    async def slow(job: AsyncJob) -> None:
+        await asyncio.sleep(0.3)
+
+    async def main() -> AsyncWorker:
+        w = await worker(slow, dsn, concurrency=3, batch=3).start()
+        await until(lambda: len(w.in_flight) == 3, what="three claims")
+        await asyncio.gather(w.stop(grace=5), w.stop(grace=0))  # a notebook and run(), say
+        await w.stop()  # and once more: nothing left to do
+        return w
+
+    w = run(main())
+    assert w.done == 3 and statuses(dsn) == {"done": 3}
+
+
 # -- AsyncWorker: connections, completion, LISTEN, signals ---------------------------------
 def _sessions(dsn: str, name: str) -> Counter[str]:
     return Counter(
