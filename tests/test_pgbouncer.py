@@ -12,6 +12,7 @@ that tracking off (``max_prepared_statements = 0``) so every version behaves lik
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -30,7 +31,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from conftest import rows
-from pgqueue import Queue
+from pgqueue import PgQueueError, Queue
 
 PGQUEUE = str(Path(sys.executable).parent / "pgqueue")
 ROOT = Path(__file__).resolve().parent.parent
@@ -307,6 +308,33 @@ def test_a_queue_on_your_own_connection_never_prepares_with_the_flag(via: str) -
         for conn in (a, b):
             prepared = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
             assert prepared == (0,)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=PgQueueError,
+    reason="core (async_queue.py, AsyncQueue.__init__): with pgbouncer=True, _prepare is "
+    "None, so psycopg prepares a caller's connection's statements on their 5th run; "
+    "Queue uses False (never) since 7d8dd46",
+)
+def test_an_async_queue_on_your_own_connection_never_prepares_with_the_flag(via: str) -> None:
+    from pgqueue.async_queue import AsyncQueue
+
+    with Queue(via, pgbouncer=True) as q:
+        q.install()
+        job = q.enqueue({"n": 1})
+
+    async def run() -> None:
+        async with (
+            await psycopg.AsyncConnection.connect(via, autocommit=True) as a,
+            await psycopg.AsyncConnection.connect(via, autocommit=True) as b,
+        ):
+            queues = [AsyncQueue(a, pgbouncer=True), AsyncQueue(b, pgbouncer=True)]
+            for _ in range(10):
+                for q in queues:
+                    assert await q.get(job) is not None
+
+    asyncio.run(run())
 
 
 def test_through_a_pool_of_three_every_job_is_done_once(
