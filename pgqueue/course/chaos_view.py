@@ -1,0 +1,291 @@
+"""Notebook 10's view of a chaos run (``pgqueue.tools.chaos``): keep the run's rows before its
+throwaway server goes away, trace every re-run to the fault behind it, and draw the run.
+
+A re-run is a job attempt after the first: each one means an earlier attempt was lost. The
+workload records every handler start (``chaos_runs``: job, fence, worker, time) and the
+injector every fault (``chaos_faults``), both in database time, so the two can be lined up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from ..tools.chaos import Config, Report
+from ..tools.chaos.run import _Run
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+# Per fault kind: colour, and how the figure marks it.
+COLORS = {"kill": "black", "stop": "tab:blue", "terminate": "tab:orange", "restart": "tab:purple"}
+UNSTARTED = "claimed, lost before its handler started"
+
+
+@dataclass
+class ChaosRun:
+    """A chaos run's report, what it said while running, and its rows."""
+
+    report: Report
+    lines: list[str]
+    jobs: pd.DataFrame  # id, status, attempts, max_attempts, fence
+    runs: pd.DataFrame  # job_id, fence, worker, started_at: one row per handler start
+    faults: pd.DataFrame  # kind, worker, at, detail: one row per injected fault
+    results: pd.DataFrame  # job_id, worker, fence, history: the fenced result rows
+    reruns: pd.DataFrame = field(default_factory=pd.DataFrame)  # see ``trace``
+
+
+class _KeepRows(_Run):
+    """The chaos run, keeping its rows before cleanup stops its throwaway server."""
+
+    rows: dict[str, list[tuple[Any, ...]]]
+
+    def cleanup(self) -> None:
+        self.rows = {}
+        with contextlib.suppress(Exception):  # a run that failed early has nothing to keep
+            for name, query in _QUERIES.items():
+                self.rows[name] = self.session.sql(query, [self.queue])
+        super().cleanup()
+
+
+_COLUMNS = {
+    "jobs": ["id", "status", "attempts", "max_attempts", "fence"],
+    "runs": ["job_id", "fence", "worker", "started_at"],
+    "faults": ["kind", "worker", "at", "detail"],
+    "results": ["job_id", "worker", "fence", "history"],
+}
+_QUERIES = {
+    "jobs": "SELECT id, status, attempts, max_attempts, fence FROM jobs WHERE queue = %s "
+    "ORDER BY id",
+    "runs": "SELECT r.job_id, r.fence, r.worker, r.started_at FROM chaos_runs r "
+    "JOIN jobs j ON j.id = r.job_id WHERE j.queue = %s ORDER BY r.started_at",
+    "faults": "SELECT kind, worker, at, detail FROM chaos_faults WHERE run = %s ORDER BY at",
+    "results": "SELECT c.job_id, c.worker, c.fence, c.history FROM chaos_results c "
+    "JOIN jobs j ON j.id = c.job_id WHERE j.queue = %s ORDER BY c.job_id",
+}
+
+
+def run_chaos(config: Config, say: Callable[[str], None] | None = None) -> ChaosRun:
+    """Run ``pgqueue chaos`` in-process with ``config``; return its report, its lines and
+    its rows, with every re-run traced (``trace``)."""
+    config.validate()
+    lines: list[str] = []
+
+    def hear(line: str) -> None:
+        lines.append(line)
+        if say is not None:
+            say(line)
+
+    chaos = _KeepRows(config, hear)
+    report = chaos.run()
+    frames = {
+        name: pd.DataFrame(chaos.rows.get(name, []), columns=columns)
+        for name, columns in _COLUMNS.items()
+    }
+    result = ChaosRun(report, lines, **frames)
+    result.reruns = trace(result.jobs, result.runs, result.faults)
+    return result
+
+
+def trace(jobs: pd.DataFrame, runs: pd.DataFrame, faults: pd.DataFrame) -> pd.DataFrame:
+    """One row per lost attempt, with the fault behind it.
+
+    For each job, its handler starts in order: every start but the last of a done job is an
+    attempt that was lost, and the next start re-ran it. The cause is the first fault, between
+    a second before the lost start and the re-run, that hit the worker running it, or a server
+    restart (the rule of the chaos checks). Attempts claimed but cut before their handler
+    started leave no start: they are traced to the latest fault before the job's last start.
+    """
+    rows: list[dict[str, Any]] = []
+    fault_list = list(faults.itertuples(index=False))
+    by_job = {job_id: part.sort_values("started_at") for job_id, part in runs.groupby("job_id")}
+    for job in jobs.itertuples(index=False):
+        starts = list(by_job.get(job.id, runs.iloc[0:0]).itertuples(index=False))
+        lost = job.attempts - (1 if job.status == "done" else 0)
+        pairs = list(zip(starts, [*starts[1:], None], strict=True))[:lost]
+        for run, after in pairs:
+            until = after.started_at if after is not None else None
+            begun = run.started_at - pd.Timedelta(seconds=1)
+            cause = next(
+                (
+                    f
+                    for f in fault_list
+                    if (f.worker == run.worker or f.kind == "restart")
+                    and begun <= f.at
+                    and (until is None or f.at <= until)
+                ),
+                None,
+            )
+            rows.append(_row(job.id, run, after, cause))
+        for _ in range(lost - len(pairs)):  # claims that never reached the handler
+            after = starts[-1] if starts else None
+            until = after.started_at if after is not None else None
+            cause = next((f for f in reversed(fault_list) if until is None or f.at <= until), None)
+            rows.append(_row(job.id, None, after, cause))
+    columns = [
+        "job_id",
+        "lost_fence",
+        "lost_worker",
+        "lost_at",
+        "rerun_worker",
+        "rerun_at",
+        "cause",
+        "fault_worker",
+        "fault_at",
+    ]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _row(job_id: int, run: Any, after: Any, cause: Any) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "lost_fence": run.fence if run is not None else None,
+        "lost_worker": run.worker if run is not None else UNSTARTED,
+        "lost_at": run.started_at if run is not None else None,
+        "rerun_worker": after.worker if after is not None else None,
+        "rerun_at": after.started_at if after is not None else None,
+        "cause": cause.kind if cause is not None else "unattributed",
+        "fault_worker": cause.worker if cause is not None else None,
+        "fault_at": cause.at if cause is not None else None,
+    }
+
+
+def causes(reruns: pd.DataFrame) -> Counter[str]:
+    """Lost attempts by the kind of fault traced to them."""
+    return Counter(reruns["cause"])
+
+
+def _slot(worker: object) -> int | None:
+    """``chaos-2.3`` (slot 2, third process in it) -> 2."""
+    if not isinstance(worker, str) or not worker.startswith("chaos-"):
+        return None
+    return int(worker.removeprefix("chaos-").split(".")[0])
+
+
+def plot_run(run: ChaosRun, *, title: str = "") -> Figure:
+    """The run on a time line: one lane per worker slot, a tick per handler start, the
+    faults where they struck (kills, stops, cut sessions, the server restart), and an arrow
+    from each lost attempt to its re-run, coloured by the fault it is traced to."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    report = run.report
+    t0 = run.runs["started_at"].min()
+
+    def s(at: Any) -> float:
+        return (at - t0).total_seconds()
+
+    fig, ax = plt.subplots(figsize=(12, 1.8 + 0.9 * report.workers))
+    lanes = range(report.workers)
+    starts = run.runs.assign(slot=run.runs["worker"].map(_slot), t=run.runs["started_at"].map(s))
+    ax.scatter(starts["t"], starts["slot"], marker="|", s=70, color="0.6", linewidths=1)
+    end = float(starts["t"].max()) if len(starts) else 1.0
+    used: set[str] = set()
+    for fault in run.faults.itertuples(index=False):
+        t, slot = s(fault.at), _slot(fault.worker)
+        used.add(fault.kind)
+        color = COLORS.get(fault.kind, "red")
+        if fault.kind == "restart":
+            ax.axvline(t, color=color, ls="--", lw=1.5)
+            ax.text(t, -0.62, " server restart", color=color, fontsize=8, va="bottom")
+        elif fault.kind == "stop" and slot is not None:
+            hold = float(str(fault.detail).removesuffix("s") or 0)
+            ax.broken_barh([(t, hold)], (slot - 0.35, 0.7), color=color, alpha=0.18)
+            ax.text(
+                t + hold / 2,
+                slot - 0.38,
+                f"stopped {hold:.1f} s",
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                color=color,
+            )
+        elif fault.kind == "kill" and slot is not None:
+            ax.scatter([t], [slot], marker="*", s=260, color=color, zorder=4)
+        elif fault.kind == "terminate" and slot is not None:
+            ax.scatter([t], [slot], marker="X", s=140, color=color, zorder=4)
+        end = max(end, t)
+    for rerun in run.reruns.itertuples(index=False):
+        if rerun.rerun_at is None or pd.isna(rerun.rerun_at):
+            continue
+        color = COLORS.get(rerun.cause, "red")
+        to = (s(rerun.rerun_at), _slot(rerun.rerun_worker))
+        if rerun.lost_at is None or pd.isna(rerun.lost_at):
+            ax.scatter([to[0]], [to[1]], marker="o", s=50, facecolor="none", edgecolor=color)
+            continue
+        start = (s(rerun.lost_at), _slot(rerun.lost_worker))
+        ax.annotate(
+            "",
+            xy=to,
+            xytext=start,
+            arrowprops={
+                "arrowstyle": "->",
+                "color": color,
+                "lw": 1.4,
+                "connectionstyle": "arc3,rad=0.08",
+            },
+        )
+        ax.scatter([start[0]], [start[1]], marker="o", s=28, color=color, zorder=3)
+    ax.set_yticks(list(lanes), [f"worker slot {i}" for i in lanes])
+    ax.set_ylim(report.workers - 0.5, -0.75)
+    ax.set_xlim(-0.5, end + 1.0)
+    ax.set_xlabel("time since the first job started (s)")
+    ax.set_ylabel("worker process")
+    ax.set_title(title or f"chaos run, seed {report.seed}: faults and the re-runs they caused")
+    ax.grid(axis="x", alpha=0.3)
+    handles: list[Any] = [
+        Line2D([], [], ls="", marker="|", color="0.6", markersize=9, label="a handler starts"),
+    ]
+    marks = {
+        "kill": Line2D(
+            [],
+            [],
+            ls="",
+            marker="*",
+            color="black",
+            markersize=12,
+            label="SIGKILL (a new process takes the slot)",
+        ),
+        "stop": Patch(color=COLORS["stop"], alpha=0.18, label="SIGSTOP past the lease"),
+        "terminate": Line2D(
+            [],
+            [],
+            ls="",
+            marker="X",
+            color=COLORS["terminate"],
+            markersize=9,
+            label="sessions cut (pg_terminate_backend)",
+        ),
+        "restart": Line2D([], [], ls="--", color=COLORS["restart"], label="server restart"),
+    }
+    handles += [marks[k] for k in COLORS if k in used]
+    for kind in COLORS:
+        if kind in set(run.reruns["cause"]):
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    color=COLORS[kind],
+                    marker="o",
+                    markersize=4,
+                    label=f"lost attempt -> re-run ({kind})",
+                )
+            )
+    ax.legend(
+        handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False
+    )
+    fig.tight_layout()
+    return fig
+
+
+def explained(report: Report) -> dict[str, int]:
+    """Per fault kind, the most extra attempts the chaos checks let its injections explain."""
+    f = report.faults
+    cost = {"kill": 1, "stop": 1, "terminate": 1, "restart": report.workers}
+    return {k: f[k] * cost[k] for k in cost if f[k] or k != "restart" or report.restart_enabled}
