@@ -25,6 +25,14 @@ def test_committed_copies_are_in_sync_with_the_lessons() -> None:
     )
 
 
+def test_every_lesson_has_an_exercise() -> None:
+    missing = exercises.missing_exercises(NOTEBOOKS)
+    assert not missing, (
+        f"every lesson needs an exercise (a code cell tagged '{exercises.SOLUTION_TAG}'): "
+        + ", ".join(missing)
+    )
+
+
 def test_make_test_does_not_collect_the_exercise_copies() -> None:
     # The copies cannot run (their checks fail until the learner answers); the root
     # conftest.py keeps nbval away from them. This is make test's own selection.
@@ -224,3 +232,10 @@ def test_generating_twice_changes_nothing_and_check_finds_drift(
     # Writing brings the folder back in sync, removing the copy without a source.
     assert exercises.main(args) == 0
     assert {p.name: p.read_bytes() for p in copies.iterdir()} == first
+
+
+def test_an_exercise_needs_a_solution_code_cell() -> None:
+    assert exercises.has_exercise(lesson())
+    notes_only = lesson()
+    notes_only["cells"] = [c for c in notes_only["cells"] if c["id"] != "answer"]
+    assert not exercises.has_exercise(notes_only), "a tagged note alone leaves nothing to write"

@@ -18,7 +18,7 @@ each of them:
 The output is a pure function of the source, written as nbformat writes it, so running
 the generator twice changes nothing. ``--check`` writes nothing and lists the copies that
 differ from what it would write, are missing or have no source (exit 1), and
-``--require-exercises`` also fails for a lesson with no cell tagged ``solution``.
+``--require-exercises`` also fails for a lesson with no code cell tagged ``solution``.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def lessons(notebooks: Path) -> list[Path]:
 
 
 def has_exercise(nb: Notebook) -> bool:
-    """Whether a notebook has at least one cell tagged ``solution``."""
-    return any(_is_solution(cell) for cell in nb["cells"])
+    """Whether a notebook has an exercise: at least one code cell tagged ``solution``."""
+    return any(_is_solution(cell) and cell["cell_type"] == "code" for cell in nb["cells"])
 
 
 def exercise_copy(nb: Notebook, name: str, lesson_names: frozenset[str] = frozenset()) -> Notebook:
@@ -112,7 +112,7 @@ def render(notebooks: Path) -> dict[str, str]:
 
 
 def missing_exercises(notebooks: Path) -> list[str]:
-    """The lessons in ``notebooks`` with no cell tagged ``solution``."""
+    """The lessons in ``notebooks`` with no code cell tagged ``solution``."""
     return [path.name for path in lessons(notebooks) if not has_exercise(_read(path))]
 
 
@@ -174,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--require-exercises",
         action="store_true",
-        help="also fail for a lesson with no cell tagged 'solution'",
+        help="also fail for a lesson with no code cell tagged 'solution'",
     )
     args = parser.parse_args(argv)
     notebooks: Path = args.notebooks
@@ -185,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     problems = []
     if args.require_exercises:
         problems += [
-            f"no exercise: {name} has no cell tagged '{SOLUTION_TAG}' "
+            f"no exercise: {name} has no code cell tagged '{SOLUTION_TAG}' "
             "(every lesson needs an exercise)"
             for name in missing_exercises(notebooks)
         ]
