@@ -311,7 +311,7 @@ def cmd_worker(args: argparse.Namespace) -> int | None:
     )
     logging.getLogger("pgqueue").setLevel(logging.INFO if args.verbose else logging.WARNING)
     print(
-        f"{args.name}: {describe_dsn(dsn)}; queue {', '.join(worker.queues)}; "
+        f"{args.name}: {describe_dsn(args.dsn)}; queue {', '.join(worker.queues)}; "
         f"{args.concurrency} {'handlers at once (asyncio)' if is_async else 'lane(s)'}, "
         f"batch {args.batch}",
         file=sys.stderr,
