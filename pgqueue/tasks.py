@@ -73,7 +73,9 @@ class Task:
     def enqueue(self, **kwargs: Any) -> int:
         """Enqueue one job of this task with these keyword arguments (JSON values); its id."""
         o = self.options
-        return self.registry.queue.enqueue(
+        # In your transaction (configure(conn=...)) the registry opens no connection of its own.
+        queue = self.registry.queue if o.conn is None else Queue(o.conn)
+        return queue.enqueue(
             {"task": self.name, "kwargs": kwargs},
             queue=self.queue,
             max_attempts=self.max_attempts,
@@ -81,7 +83,6 @@ class Task:
             key=o.key,
             delay=o.delay,
             run_at=o.run_at,
-            conn=o.conn,
         )
 
 

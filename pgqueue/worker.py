@@ -224,7 +224,9 @@ class Worker(_Finishing, _Keeping):
         self._stop.set()
         self._bell.ring()
         deadline = time.monotonic() + grace
-        for thread in list(self._threads):
+        with self._lock:  # a retired lane's hung handler was already failed: not waited for
+            retired = {lane.thread for lane in self._lanes if lane.retired}
+        for thread in [t for t in list(self._threads) if t not in retired]:
             while thread.is_alive() and not self._force.is_set():
                 left = deadline - time.monotonic()
                 if left <= 0:

@@ -396,3 +396,18 @@ def test_a_setting_that_retrying_cannot_mend_stops_the_worker_with_that_error(
             worker.run(grace=1)
     assert time.monotonic() - began < 10
     assert isinstance(worker.error, NotInstalled)
+
+
+def test_stop_does_not_wait_for_a_hung_handler_already_timed_out(
+    queue: Queue, dsn: str, make_worker: MakeWorker
+) -> None:
+    queue.enqueue({}, queue="q", max_attempts=1)
+    hang_over = threading.Event()
+    worker = make_worker(lambda job: hang_over.wait(30), timeout=0.3, burst=True)
+    try:
+        began = time.monotonic()
+        worker.run(grace=20)  # burst: the queue is dry once the hung job has been failed
+        assert time.monotonic() - began < 10
+        assert statuses(dsn) == {"dead": 1}
+    finally:
+        hang_over.set()

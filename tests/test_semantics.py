@@ -274,3 +274,15 @@ def test_task_names_are_unique(dsn: str) -> None:
 
     with pytest.raises(BadInput, match="unique name"):
         tasks.task(name="once")(lambda job: None)
+
+
+def test_a_task_enqueued_in_your_transaction_opens_no_connection_of_its_own(dsn: str) -> None:
+    tasks = Tasks("host=/nonexistent dbname=nowhere")  # never reached: the enqueue uses conn
+    send = tasks.task(name="send")(lambda job, to: None)
+    with psycopg.connect(dsn) as conn:
+        job_id = send.configure(conn=conn, key="k").enqueue(to="a@example.com")
+        conn.rollback()
+    assert rows(dsn, "SELECT count(*) FROM jobs WHERE id = %s", [job_id]) == [(0,)]
+    with psycopg.connect(dsn) as conn:
+        send.configure(conn=conn).enqueue(to="b@example.com")
+    assert rows(dsn, "SELECT payload->'kwargs'->>'to' FROM jobs") == [("b@example.com",)]
