@@ -65,12 +65,25 @@ def _bars(ax: Any, labels: list[str], series: list[tuple[str, list[dict[str, str
         med, err = _spread(rows, prefix)
         xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(labels))]
         bars = ax.bar(xs, med, width, yerr=err, capsize=3, label=legend)
-        # Inside the bars: above them they would collide with the error bars.
-        ax.bar_label(
-            bars, labels=[f"{m:,.0f}" for m in med], label_type="center", fontsize=8, color="w"
-        )
+        _base_labels(ax, bars, [f"{m:,.0f}" for m in med])
     ax.set_xticks(range(len(labels)), labels)
     ax.grid(alpha=0.3, axis="y")
+
+
+def _base_labels(ax: Any, bars: Any, labels: list[str]) -> None:
+    """Write ``labels`` inside the bars, at their foot: at the top they would collide with
+    the error bars, which start at the lowest run, well above the foot."""
+    for bar, label in zip(bars, labels, strict=True):
+        ax.annotate(
+            label,
+            (bar.get_x() + bar.get_width() / 2, 0),
+            xytext=(0, 3),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            color="w",
+        )
 
 
 def draw_drain(rows: list[dict[str, str]]) -> Any:
@@ -226,15 +239,10 @@ def draw_roundtrips(rows: list[dict[str, str]]) -> Any:
             color=["tab:gray", "tab:blue", "tab:orange"][: len(sub)],
             label="jobs/s (median, min-max)",
         )
-        ax.bar_label(
+        _base_labels(
+            ax,
             bars,
-            labels=[
-                f"{float(m):,.0f}/s\n{r['ratio_to_two_statements']}x"
-                for m, r in zip(med, sub, strict=True)
-            ],
-            label_type="center",
-            fontsize=8,
-            color="w",
+            [f"{m:,.0f}/s\n{r['ratio_to_two_statements']}x" for m, r in zip(med, sub, strict=True)],
         )
         ax.set_xticks(range(len(sub)), [r["variant"] for r in sub])
         # Headroom above the highest error bar for the legend.
