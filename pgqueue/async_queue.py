@@ -19,20 +19,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from psycopg import conninfo
 
 from . import statements
 from .async_job import AsyncJob
-from .db import (
-    KEEPALIVES,
-    _scrub,
-    describe_dsn,
-    first_line,
-    mask_dsn,
-    pgbouncer_mode,
-    resolve_dsn,
-)
-from .errors import ConnectError, PgQueueError
+from .db import _connecting, pgbouncer_mode, resolve_dsn
+from .errors import PgQueueError
 from .queue import (
     _KEY_TRIES,
     COPY_TYPES,
@@ -83,30 +74,8 @@ async def async_connect(
     """``pgqueue.connect`` for asyncio: the same DSN order, keepalives and one-line errors.
     Finding the DSN may start the embedded server: that runs in a thread, not the loop."""
     target = dsn or await asyncio.to_thread(resolve_dsn, dsn)
-    try:
-        given = conninfo.conninfo_to_dict(target)
-    except psycopg.ProgrammingError:
-        given = {}  # malformed: connect below says how
-    extra = {k: v for k, v in KEEPALIVES.items() if k not in given}
-    try:
-        conn = await psycopg.AsyncConnection.connect(
-            target,
-            autocommit=autocommit,
-            connect_timeout=10,
-            application_name=application_name,
-            **extra,
-        )
-    except psycopg.ProgrammingError as exc:
-        raise ConnectError(
-            f"invalid DSN {mask_dsn(target)!r}: {_scrub(first_line(exc), target)}; "
-            "fix --dsn / PGQUEUE_DSN, or unset them to use the embedded server"
-        ) from None
-    except psycopg.OperationalError as exc:
-        where = repr(mask_dsn(target)) if target else f"the {describe_dsn(target)}"
-        raise ConnectError(
-            f"cannot connect to PostgreSQL at {where}: {_scrub(first_line(exc), target)}; "
-            "check that the server runs and --dsn / PGQUEUE_DSN is right"
-        ) from None
+    with _connecting(target, autocommit=autocommit, application_name=application_name) as kw:
+        conn = await psycopg.AsyncConnection.connect(target, **kw)
     if pgbouncer:
         conn.prepare_threshold = None
     return conn

@@ -3,8 +3,11 @@ own environment (``PGHOST``, ``PGSERVICE``, ``PGDATABASE``, ...), else the embed
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 from psycopg import conninfo
@@ -101,35 +104,25 @@ def pgbouncer_mode(flag: bool | None = None) -> bool:
     return os.environ.get("PGQUEUE_PGBOUNCER", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def connect(
-    dsn: str | None = None,
-    *,
-    autocommit: bool = True,
-    application_name: str = "pgqueue",
-    pgbouncer: bool = False,
-) -> psycopg.Connection:
-    """Open a connection (autocommit by default: every statement is its own short
-    transaction, so no session sits idle in a transaction). ``application_name`` shows
-    in ``pg_stat_activity``, so you can tell workers apart there. With ``pgbouncer``, no
-    server-side prepared statements: in transaction mode each statement may land on
-    another server connection."""
-    target = resolve_dsn(dsn)
+@contextlib.contextmanager
+def _connecting(
+    target: str, *, autocommit: bool, application_name: str
+) -> Iterator[dict[str, Any]]:
+    """What ``connect`` and ``async_connect`` share: the arguments for psycopg's connect
+    (TCP keepalives the DSN does not set), and the one-line ``ConnectError``, password
+    masked, that a malformed DSN or an unreachable server raises inside the block."""
     try:
         given = conninfo.conninfo_to_dict(target)
     except psycopg.ProgrammingError:
-        given = {}  # malformed: psycopg.connect below says how
+        given = {}  # malformed: connecting says how
     extra = {k: v for k, v in KEEPALIVES.items() if k not in given}
     try:
-        conn = psycopg.connect(
-            target,
-            autocommit=autocommit,
-            connect_timeout=10,
-            application_name=application_name,
+        yield {
+            "autocommit": autocommit,
+            "connect_timeout": 10,
+            "application_name": application_name,
             **extra,
-        )
-        if pgbouncer:
-            conn.prepare_threshold = None
-        return conn
+        }
     except psycopg.ProgrammingError as exc:  # malformed DSN
         raise ConnectError(
             f"invalid DSN {mask_dsn(target)!r}: {_scrub(first_line(exc), target)}; "
@@ -147,6 +140,26 @@ def connect(
             f"{_scrub(first_line(exc), target)}; "
             "check that the server runs and --dsn / PGQUEUE_DSN is right"
         ) from None
+
+
+def connect(
+    dsn: str | None = None,
+    *,
+    autocommit: bool = True,
+    application_name: str = "pgqueue",
+    pgbouncer: bool = False,
+) -> psycopg.Connection:
+    """Open a connection (autocommit by default: every statement is its own short
+    transaction, so no session sits idle in a transaction). ``application_name`` shows
+    in ``pg_stat_activity``, so you can tell workers apart there. With ``pgbouncer``, no
+    server-side prepared statements: in transaction mode each statement may land on
+    another server connection."""
+    target = resolve_dsn(dsn)
+    with _connecting(target, autocommit=autocommit, application_name=application_name) as kw:
+        conn = psycopg.connect(target, **kw)
+    if pgbouncer:
+        conn.prepare_threshold = None
+    return conn
 
 
 # user:password@ up to the last "@": a raw "@", "/" or "?" in a password happens, and
