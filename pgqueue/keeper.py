@@ -52,8 +52,14 @@ class _Keeping:
     queues: list[str]
     timed_out: int
 
+    _lanes: list[_Lane]
+
     def _give_up(self, exc: BaseException) -> None:
         """Stop the whole worker (Worker provides it)."""
+        raise NotImplementedError
+
+    def _start_lane(self, lane: _Lane) -> None:
+        """Start a registered lane's thread (Worker provides it)."""
         raise NotImplementedError
 
     def _keep(self) -> None:
@@ -151,9 +157,15 @@ class _Keeping:
                 and h.job.id not in self._finishing
                 and not h.lane.retired
             ]
-            victims: list[tuple[_Held, list[Job]]] = []
+            victims: list[tuple[_Held, list[Job], _Lane | None]] = []
             for held in late:
                 held.lane.retired = True
+                # Its successor is registered in the same breath, so no one ever sees the
+                # worker with a lane fewer (a burst run would end there).
+                successor = None
+                if not self._stop.is_set():
+                    successor = _Lane(held.lane.slot, held.lane.generation + 1)
+                    self._lanes.append(successor)
                 unstarted = [
                     h.job
                     for h in self._in_flight.values()
@@ -162,19 +174,18 @@ class _Keeping:
                 for job in [held.job, *unstarted]:
                     job.mark_lost()  # under the lock: the old lane cannot start it now
                     self._finishing.add(job.id)
-                victims.append((held, unstarted))
-        for held, unstarted in victims:
+                victims.append((held, unstarted, successor))
+        for held, unstarted, successor in victims:
             lane, job = held.lane, held.job
             self.timed_out += 1
-            successor = _Lane(lane.slot, lane.generation + 1)
-            if not self._stop.is_set():
-                self._spawn(successor)
+            if successor is not None:
+                self._start_lane(successor)
             log.warning(
                 "%s: job %s ran past the %gs timeout; failing it%s",
                 lane.name,
                 job.id,
                 held.timeout,
-                f" and starting lane {successor.name}" if not self._stop.is_set() else "",
+                f" and starting lane {successor.name}" if successor else "",
             )
             error = f"TimeoutError: the handler ran past the {held.timeout:g} s timeout"
             self._finish(link, job, lane, "fail", _Failure(error))

@@ -209,13 +209,19 @@ class Worker(_Finishing, _Keeping):
         return thread
 
     def _spawn(self, lane: _Lane) -> None:
-        lane.thread = threading.Thread(
-            target=self._work, args=(lane,), daemon=True, name=f"pgqueue-{lane.name}"
-        )
         with self._lock:
             self._lanes.append(lane)
-        self._threads.append(lane.thread)
-        lane.thread.start()
+        self._start_lane(lane)
+
+    def _start_lane(self, lane: _Lane) -> None:
+        """Start the thread of a lane already in ``_lanes``."""
+        thread = threading.Thread(
+            target=self._work, args=(lane,), daemon=True, name=f"pgqueue-{lane.name}"
+        )
+        thread.start()
+        # Set only once started: a lane with a thread that is not alive has ended.
+        lane.thread = thread
+        self._threads.append(thread)
 
     def stop(self, grace: float = 10.0) -> None:
         """Stop claiming; let running handlers finish within ``grace`` seconds. Claimed jobs
@@ -246,7 +252,8 @@ class Worker(_Finishing, _Keeping):
         """Whether any current lane still runs (a retired lane's hung handler does not count)."""
         with self._lock:
             lanes = [lane for lane in self._lanes if not lane.retired]
-        return any(lane.thread is not None and lane.thread.is_alive() for lane in lanes)
+        # A lane registered but not started yet (a timed-out lane's successor) counts.
+        return any(lane.thread is None or lane.thread.is_alive() for lane in lanes)
 
     def run(self, grace: float = 10.0) -> None:
         """Block until SIGINT/SIGTERM (or a dry queue with ``burst``), then stop gracefully;

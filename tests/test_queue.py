@@ -942,3 +942,26 @@ def test_malformed_dsn_is_one_masked_line() -> None:
     with pytest.raises(ConnectError) as exc:
         Queue("host=x password=s3cret-pw nonsense_option=1")
     assert "s3cret-pw" not in one_line(exc)
+
+
+def test_large_batches_are_planned_each_time_small_ones_stay_prepared(queue: Queue) -> None:
+    """A prepared statement's generic plan cannot see an array's length: thousands of ids
+    then took seconds. Batches over PREPARED_UP_TO ids are never prepared."""
+    from pgqueue.queue import PREPARED_UP_TO
+
+    def prepared_completions() -> int:
+        [(n,)] = queue.conn.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%SET status = 'done', lease_until = NULL, finished_at = now()%FROM unnest%"],
+        ).fetchall()
+        return int(n)
+
+    big = PREPARED_UP_TO + 1
+    queue.enqueue_many([{}] * (big * 3), queue="q")
+    for _ in range(3):
+        assert queue.complete_many(queue.claim("q", limit=big)) == []
+    assert prepared_completions() == 0
+    queue.enqueue_many([{}] * 10, queue="q")
+    for _ in range(5):
+        assert queue.complete_many(queue.claim("q", limit=2)) == []
+    assert prepared_completions() == 1
