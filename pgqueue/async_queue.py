@@ -101,7 +101,7 @@ class AsyncQueue:
         self._dsn = None if isinstance(target, psycopg.AsyncConnection) else target
         self._application_name = application_name
         self.pgbouncer = pgbouncer_mode(pgbouncer)
-        self._prepare: bool | None = None if self.pgbouncer else True
+        self._prepare = not self.pgbouncer  # False: never, even on a connection of yours
         self._conn = target if isinstance(target, psycopg.AsyncConnection) else None
 
     @property

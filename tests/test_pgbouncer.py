@@ -31,7 +31,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from conftest import rows
-from pgqueue import PgQueueError, Queue
+from pgqueue import Queue
 
 PGQUEUE = str(Path(sys.executable).parent / "pgqueue")
 ROOT = Path(__file__).resolve().parent.parent
@@ -310,13 +310,6 @@ def test_a_queue_on_your_own_connection_never_prepares_with_the_flag(via: str) -
             assert prepared == (0,)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=PgQueueError,
-    reason="core (async_queue.py, AsyncQueue.__init__): with pgbouncer=True, _prepare is "
-    "None, so psycopg prepares a caller's connection's statements on their 5th run; "
-    "Queue uses False (never) since 7d8dd46",
-)
 def test_an_async_queue_on_your_own_connection_never_prepares_with_the_flag(via: str) -> None:
     from pgqueue.async_queue import AsyncQueue
 
