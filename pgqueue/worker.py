@@ -200,7 +200,9 @@ class Worker(_Finishing, _Keeping):
                 self.poll_interval,
             )
         elif self.listen:
-            self._threads.append(self._thread(self._hear, "listen"))
+            # Not in _threads: it writes nothing, so stop() need not wait out its poll of
+            # the notification socket (that wait was most of a burst run's exit time).
+            self._thread(self._hear, "listen")
         return self
 
     def _thread(self, target: Callable[[], None], what: str) -> threading.Thread:
