@@ -135,36 +135,35 @@ def check(r: Report, session: Session) -> None:
 
 def attribute(session: Session, queue: str, jobs: list[tuple[Any, ...]]) -> Counter[str]:
     """Name the likely fault behind each lost attempt: the first fault against the
-    worker that started it (or a restart) between its start and the next attempt's."""
-    runs = {
-        (j, f): (w, at)
-        for j, f, w, at in session.sql(
-            "SELECT DISTINCT ON (r.job_id, r.fence) r.job_id, r.fence, r.worker, "
-            "r.started_at FROM chaos_runs r JOIN jobs j ON j.id = r.job_id "
-            "WHERE j.queue = %s ORDER BY r.job_id, r.fence, r.started_at",
-            [queue],
-        )
-    }
+    worker that started it (or a restart) between its start and the next attempt's.
+    Attempts are taken in the order they started: fences are no attempt numbers (a fail
+    or a release moves the fence without a run)."""
+    starts: dict[int, list[tuple[str, Any]]] = {}
+    for j, w, at in session.sql(
+        "SELECT DISTINCT ON (r.job_id, r.fence) r.job_id, r.worker, r.started_at "
+        "FROM chaos_runs r JOIN jobs j ON j.id = r.job_id "
+        "WHERE j.queue = %s ORDER BY r.job_id, r.fence, r.started_at",
+        [queue],
+    ):
+        starts.setdefault(j, []).append((w, at))
     faults = session.sql(
         "SELECT kind, worker, extract(epoch FROM at) FROM chaos_faults WHERE run = %s ORDER BY at",
         [queue],
     )
     causes: Counter[str] = Counter()
     for job_id, status, attempts, *_ in jobs:
-        last_lost = attempts if status == "dead" else attempts - 1
-        for fence in range(1, last_lost + 1):
-            holder = runs.get((job_id, fence))
-            if holder is None:
-                causes["cut before the handler started"] += 1
-                continue
-            begun = holder[1].timestamp() - 1.0
-            after = runs.get((job_id, fence + 1))
-            until = after[1].timestamp() if after else math.inf
+        lost = attempts if status == "dead" else attempts - 1
+        runs = sorted(starts.get(job_id, []), key=lambda run: run[1])
+        lost_runs = runs if status == "dead" else runs[:-1]  # a done job's last run finished it
+        causes["cut before the handler started"] += max(0, lost - len(lost_runs))
+        for n, (worker, at) in enumerate(lost_runs[:lost]):
+            begun = at.timestamp() - 1.0
+            until = runs[n + 1][1].timestamp() if n + 1 < len(runs) else math.inf
             kind = next(
                 (
                     k
-                    for k, w, at in faults
-                    if (w == holder[0] or k == "restart") and begun <= float(at) <= until
+                    for k, w, at_ in faults
+                    if (w == worker or k == "restart") and begun <= float(at_) <= until
                 ),
                 "unattributed",
             )
