@@ -20,8 +20,8 @@ from .async_keeper import Key, _Bell, _Held, _key, _Lanes, _Link
 from .async_queue import AsyncQueue
 from .errors import ConnectError, GiveUp, RetryAfter
 from .events import EventLog
+from .params import _text
 from .parts import _FINISH_TRIES, _Failure, describe, log
-from .queue import _text
 
 if TYPE_CHECKING:
     from .async_worker import AsyncHandler

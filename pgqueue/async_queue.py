@@ -24,12 +24,10 @@ from . import statements
 from .async_job import AsyncJob
 from .db import _connecting, pgbouncer_mode, resolve_dsn
 from .errors import PgQueueError
-from .queue import (
+from .params import (
     _KEY_TRIES,
     COPY_TYPES,
     INSTALL_LOCK,
-    JobState,
-    Reaped,
     _beat,
     _beat_many,
     _claim_args,
@@ -55,6 +53,7 @@ from .queue import (
     _stats_rows,
     pgqueue_error,
 )
+from .queue import JobState, Reaped
 
 AsyncCursor = psycopg.AsyncCursor[Any]
 # Planned afresh at each call, never prepared: the AsyncWorker completes whatever finished

@@ -49,8 +49,8 @@ from .async_queue import AsyncQueue, async_connect
 from .db import describe_dsn, pgbouncer_mode, resolve_dsn
 from .errors import BadInput
 from .events import EventLog, NullEventLog
+from .params import MAX_BACKOFF, MAX_LEASE, _lease, _seconds, queue_names
 from .parts import _DISCONNECTS, describe, log
-from .queue import MAX_BACKOFF, MAX_LEASE, _lease, _seconds, queue_names
 from .tasks import Tasks
 
 AsyncHandler = Callable[[AsyncJob], Awaitable[Any]]

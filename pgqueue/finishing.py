@@ -15,8 +15,9 @@ import psycopg
 from .errors import ConnectError
 from .events import EventLog
 from .job import Job
+from .params import _text
 from .parts import _FINISH_TRIES, _Failure, _Held, _Lane, _Link, describe, log
-from .queue import Queue, _text
+from .queue import Queue
 
 
 class _Finishing:

@@ -27,7 +27,8 @@ import psycopg
 
 from .errors import BadInput
 from .job import Job
-from .queue import MAX_BACKOFF, MAX_LEASE, Queue, _queue_name, _seconds
+from .params import MAX_BACKOFF, MAX_LEASE, _queue_name, _seconds
+from .queue import Queue
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from .events import EventLog, NullEventLog
 from .finishing import _Finishing
 from .job import Job
 from .keeper import _Keeping
+from .params import MAX_BACKOFF, MAX_LEASE, _lease, _seconds, queue_names
 from .parts import (
     _DISCONNECTS,
     _Bell,
@@ -50,7 +51,7 @@ from .parts import (
     describe,
     log,
 )
-from .queue import MAX_BACKOFF, MAX_LEASE, Queue, _lease, _seconds, queue_names
+from .queue import Queue
 from .tasks import Tasks
 
 Handler = Callable[[Job], Any]

@@ -25,7 +25,7 @@ from pgqueue import (
     fenced_write,
     statements,
 )
-from pgqueue.queue import COPY_FROM
+from pgqueue.params import COPY_FROM
 
 # Every statement of queries.sql; a new one must get a test here before it is listed.
 TESTED_QUERIES = {
@@ -947,7 +947,7 @@ def test_malformed_dsn_is_one_masked_line() -> None:
 def test_large_batches_are_planned_each_time_small_ones_stay_prepared(queue: Queue) -> None:
     """A prepared statement's generic plan cannot see an array's length: thousands of ids
     then took seconds. Batches over PREPARED_UP_TO ids are never prepared."""
-    from pgqueue.queue import PREPARED_UP_TO
+    from pgqueue.params import PREPARED_UP_TO
 
     def prepared_completions() -> int:
         [(n,)] = queue.conn.execute(
