@@ -154,17 +154,6 @@ class _Finishing:
             failure = failure or _Failure("the handler left a transaction open; it was rolled back")
         return failure
 
-    def _timeout_for(self, job: AsyncJob) -> float | None:
-        task = self._task_of(job)
-        return task.timeout if task and task.timeout is not None else self.timeout
-
-    def _backoff_for(self, job: AsyncJob) -> float:
-        task = self._task_of(job)
-        return task.backoff if task and task.backoff is not None else self.backoff
-
-    def _task_of(self, job: AsyncJob) -> Any:
-        if self.tasks is None:
-            return None
         try:
             return self.tasks.for_job(job)
         except LookupError:

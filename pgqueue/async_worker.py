@@ -50,7 +50,7 @@ from .db import describe_dsn, pgbouncer_mode, resolve_dsn
 from .errors import BadInput
 from .events import EventLog, NullEventLog
 from .params import MAX_BACKOFF, MAX_LEASE, _lease, _seconds, queue_names
-from .parts import _DISCONNECTS, describe, log
+from .parts import _DISCONNECTS, _TaskRules, describe, log
 from .tasks import Tasks
 
 AsyncHandler = Callable[[AsyncJob], Awaitable[Any]]
@@ -71,7 +71,7 @@ def _coroutine_function(fn: object) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
 
 
-class AsyncWorker(_Finishing, _Keeping):
+class AsyncWorker(_TaskRules, _Finishing, _Keeping):
     """Run ``await handler(job)`` for jobs of ``queue``, ``concurrency`` at once, on this
     event loop: the threaded ``Worker``'s arguments, counters and guarantees.
 

@@ -38,7 +38,7 @@ class _Finishing:
     gave_up: int
 
     def _backoff_for(self, job: Job) -> float:
-        """The job's backoff (its task's, else the worker's): Worker provides it."""
+        """The job's backoff (its task's, else the worker's): _TaskRules provides it."""
         raise NotImplementedError
 
     def _finish(

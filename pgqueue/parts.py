@@ -17,6 +17,7 @@ from .db import first_line
 from .errors import ConnectError, PgQueueError
 from .job import Job
 from .queue import Queue
+from .tasks import Task, Tasks
 
 if TYPE_CHECKING:
     from .worker import Worker
@@ -120,3 +121,28 @@ def _is_setup_error(exc: BaseException) -> bool:
     """An error of pgqueue's own that says a setting is wrong (prepared statements through
     PgBouncer, a dropped table): every retry would meet it again. Lost connections are not."""
     return isinstance(exc, PgQueueError) and not isinstance(exc, ConnectError)
+
+
+class _TaskRules:
+    """Each job's timeout and backoff: its task's when the handler is a ``Tasks`` registry
+    and the task sets one, else the worker's (shared by Worker and AsyncWorker)."""
+
+    tasks: Tasks | None
+    timeout: float | None
+    backoff: float
+
+    def _timeout_for(self, job: Job) -> float | None:
+        task = self._task_of(job)
+        return task.timeout if task and task.timeout is not None else self.timeout
+
+    def _backoff_for(self, job: Job) -> float:
+        task = self._task_of(job)
+        return task.backoff if task and task.backoff is not None else self.backoff
+
+    def _task_of(self, job: Job) -> Task | None:
+        if self.tasks is None:
+            return None
+        try:
+            return self.tasks.for_job(job)
+        except LookupError:
+            return None

@@ -48,6 +48,7 @@ from .parts import (
     _is_setup_error,
     _Lane,
     _Link,
+    _TaskRules,
     describe,
     log,
 )
@@ -60,7 +61,7 @@ Handler = Callable[[Job], Any]
 __all__ = ["Handler", "Worker", "_Failure", "describe"]
 
 
-class Worker(_Finishing, _Keeping):
+class Worker(_TaskRules, _Finishing, _Keeping):
     """Run ``handler(job)`` for jobs of ``queue`` in ``concurrency`` threads.
 
     ``start()``/``stop()`` for notebooks, ``run()`` to block until SIGINT/SIGTERM
@@ -452,17 +453,6 @@ class Worker(_Finishing, _Keeping):
             link.drop()  # in no state to reuse: the next statement opens a new connection
         return failure
 
-    def _timeout_for(self, job: Job) -> float | None:
-        task = self._task_of(job)
-        return task.timeout if task and task.timeout is not None else self.timeout
-
-    def _backoff_for(self, job: Job) -> float:
-        task = self._task_of(job)
-        return task.backoff if task and task.backoff is not None else self.backoff
-
-    def _task_of(self, job: Job) -> Any:
-        if self.tasks is None:
-            return None
         try:
             return self.tasks.for_job(job)
         except LookupError:
