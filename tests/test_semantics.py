@@ -206,6 +206,10 @@ def test_install_upgrades_a_table_of_the_first_release_in_place(empty_dsn: str) 
         q.complete(job)
         assert q.prune(0, archive=True) == 2  # the archive gained the new columns too
         assert q.enqueue({}, queue="q", key="k", priority=2) > 0
+        checks = rows(
+            empty_dsn, "SELECT conname FROM pg_constraint WHERE conrelid = 'jobs'::regclass"
+        )
+        assert ("jobs_status_check",) in checks
 
 
 # -- the task registry --------------------------------------------------------------------
@@ -286,3 +290,10 @@ def test_a_task_enqueued_in_your_transaction_opens_no_connection_of_its_own(dsn:
     with psycopg.connect(dsn) as conn:
         send.configure(conn=conn).enqueue(to="b@example.com")
     assert rows(dsn, "SELECT payload->'kwargs'->>'to' FROM jobs") == [("b@example.com",)]
+
+
+def test_the_database_refuses_a_status_it_does_not_know(queue: Queue, dsn: str) -> None:
+    job_id = queue.enqueue({}, queue="q")
+    with pytest.raises(psycopg.errors.CheckViolation), psycopg.connect(dsn) as conn:
+        conn.execute("UPDATE jobs SET status = 'paused' WHERE id = %s", [job_id])
+    assert queue.get(job_id).status == "ready"  # type: ignore[union-attr]

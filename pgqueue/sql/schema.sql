@@ -23,6 +23,16 @@ ALTER TABLE jobs ADD COLUMN IF NOT EXISTS key         text;        -- unique whi
 ALTER TABLE jobs ADD COLUMN IF NOT EXISTS started_at  timestamptz; -- the latest attempt began
 ALTER TABLE jobs ADD COLUMN IF NOT EXISTS finished_at timestamptz; -- done, dead or cancelled
 
+-- The statuses a job can have, enforced (a table of the first release had no check).
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                 WHERE conrelid = 'jobs'::regclass AND conname = 'jobs_status_check') THEN
+    ALTER TABLE jobs ADD CONSTRAINT jobs_status_check
+      CHECK (status IN ('ready', 'running', 'done', 'dead', 'cancelled'));
+  END IF;
+END $$;
+
 -- Ready jobs, in the claim's order (priority, then oldest, then first in), so the claim
 -- reads the first rows of this index instead of sorting every ready job. It stays small
 -- however many done jobs the table holds. A table made by an older pgqueue has this index
