@@ -224,7 +224,7 @@ class AsyncQueue:
         """Extend the job's lease; False (and ``job.lost``) if someone else holds it now."""
         params = {"id": job.id, "fence": job.fence, "lease": _lease(lease)}
         deadline = time.monotonic() + params["lease"]
-        return _beat(job, (await self._run("heartbeat", params)).rowcount == 1, deadline)
+        return _beat(job, await (await self._run("heartbeat", params)).fetchone(), deadline)
 
     async def heartbeat_many(
         self, jobs: Sequence[AsyncJob], *, lease: float = 30.0

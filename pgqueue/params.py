@@ -297,18 +297,20 @@ def _claim_args(queue: object, limit: object, lease: object) -> tuple[list[str],
     return queue_names(queue), limit, _lease(lease)
 
 
-def _beat(job: Job, kept: bool, deadline: float) -> bool:
-    """A heartbeat's reply: push the local deadline on, or mark the job lost."""
-    if kept:
-        job.deadline = max(job.deadline, deadline)
-    else:
+def _beat(job: Job, row: tuple[Any, ...] | None, deadline: float) -> bool:
+    """A heartbeat's reply (the new ``lease_until``, or no row): push the job's lease and
+    local deadline on, or mark the job lost."""
+    if row is None:
         job.mark_lost()
-    return kept
+        return False
+    job.lease_until = row[0]
+    job.deadline = max(job.deadline, deadline)
+    return True
 
 
 def _beat_many(jobs: Sequence[Job], kept_rows: list[tuple[Any, ...]], deadline: float) -> list[Job]:
-    kept = {r[0] for r in kept_rows}
-    return [job for job in jobs if not _beat(job, job.id in kept, deadline)]
+    kept = {r[0]: r[1:] for r in kept_rows}
+    return [job for job in jobs if not _beat(job, kept.get(job.id), deadline)]
 
 
 def _ended(job: Job, took_effect: bool, status: str) -> bool:

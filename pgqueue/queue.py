@@ -226,7 +226,7 @@ class Queue:
         """Extend the job's lease; False (and ``job.lost``) if someone else holds it now."""
         params = {"id": job.id, "fence": job.fence, "lease": _lease(lease)}
         deadline = time.monotonic() + params["lease"]
-        return _beat(job, self._run("heartbeat", params).rowcount == 1, deadline)
+        return _beat(job, self._run("heartbeat", params).fetchone(), deadline)
 
     def heartbeat_many(self, jobs: Sequence[Job], *, lease: float = 30.0) -> list[Job]:
         """Extend many leases in one statement; return the jobs that were lost (marked)."""

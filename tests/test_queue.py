@@ -965,3 +965,17 @@ def test_large_batches_are_planned_each_time_small_ones_stay_prepared(queue: Que
     for _ in range(5):
         assert queue.complete_many(queue.claim("q", limit=2)) == []
     assert prepared_completions() == 1
+
+
+def test_a_heartbeat_moves_the_jobs_lease_until_to_what_the_database_wrote(
+    queue: Queue, dsn: str
+) -> None:
+    queue.enqueue_many([{}, {}], queue="q")
+    first, second = queue.claim("q", limit=2, lease=5)
+    claimed_until = first.lease_until
+    assert queue.heartbeat(first, lease=60)
+    [(stored,)] = rows(dsn, "SELECT lease_until FROM jobs WHERE id = %s", [first.id])
+    assert first.lease_until == stored and stored > claimed_until
+    assert queue.heartbeat_many([first, second], lease=120) == []
+    stored_now = dict(rows(dsn, "SELECT id, lease_until FROM jobs"))
+    assert (first.lease_until, second.lease_until) == (stored_now[first.id], stored_now[second.id])

@@ -98,18 +98,20 @@ FROM claimed
 ORDER BY priority DESC, run_at, id;
 
 -- name: heartbeat
--- Extend one lease; zero rows means the job was taken over.
+-- Extend one lease and return the new lease_until; no row means the job was taken over.
 UPDATE jobs
 SET lease_until = now() + make_interval(secs => %(lease)s)
-WHERE id = %(id)s AND fence = %(fence)s AND status = 'running';
+WHERE id = %(id)s AND fence = %(fence)s AND status = 'running'
+RETURNING lease_until;
 
 -- name: heartbeat_many
--- Extend many leases in one statement; the ids not returned were lost.
+-- Extend many leases in one statement, with their new lease_until; the ids not returned
+-- were lost.
 UPDATE jobs
 SET lease_until = now() + make_interval(secs => %(lease)s)
 FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS held(id, fence)
 WHERE jobs.id = held.id AND jobs.fence = held.fence AND jobs.status = 'running'
-RETURNING jobs.id;
+RETURNING jobs.id, jobs.lease_until;
 
 -- name: complete
 -- Mark one job done, only if the caller still holds its fence.
