@@ -46,10 +46,9 @@ from .async_finishing import _Finishing
 from .async_job import AsyncJob, ConnectionPool
 from .async_keeper import Key, _Batch, _Bell, _Held, _Keeping, _key, _Lanes, _Link
 from .async_queue import AsyncQueue, async_connect
-from .db import describe_dsn, pgbouncer_mode, resolve_dsn
+from .db import describe_dsn
 from .errors import BadInput
-from .events import EventLog, NullEventLog
-from .params import MAX_BACKOFF, MAX_LEASE, _lease, _seconds, queue_names
+from .events import EventLog
 from .parts import _DISCONNECTS, _TaskRules, describe, log
 from .tasks import Tasks
 
@@ -115,50 +114,33 @@ class AsyncWorker(_TaskRules, _Finishing, _Keeping):
         ):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= upper:
                 raise BadInput(f"{what} must be a whole number from 1 to {upper}, got {value!r}")
-        for what, value in (("poll_interval", poll_interval), ("reap_interval", reap_interval)):
-            if not isinstance(value, int | float) or not 0 < value < 1e6:
-                raise BadInput(f"{what} must be a positive number of seconds, got {value!r}")
-        if timeout is not None and not _seconds("timeout", timeout, upper=MAX_LEASE) > 0:
-            raise BadInput("timeout must be more than 0 seconds (or None for no timeout)")
-        self.tasks = handler if isinstance(handler, Tasks) else None
-        if self.tasks is None and not _coroutine_function(handler):
+        if not isinstance(handler, Tasks) and not _coroutine_function(handler):
             raise BadInput(
                 f"handler must be an async def function for AsyncWorker, got {handler!r}: "
                 "run plain functions with pgqueue.Worker"
             )
-        if queue is None:
-            queue = (self.tasks.queues or ["default"]) if self.tasks else "default"
-        self.queues = queue_names(queue)
-        _lease(lease)
-        _seconds("backoff", backoff, upper=MAX_BACKOFF)
-        self.handler = handler
-        self.queue = self.queues[0] if len(self.queues) == 1 else self.queues
-        self.dsn = resolve_dsn(dsn)
-        self.pgbouncer = pgbouncer_mode(pgbouncer)
-        self.listen_dsn = listen_dsn
-        self.concurrency = concurrency
-        self.batch = batch
-        self.lease = float(lease)
-        self.poll_interval = float(poll_interval)
-        self.listen = listen
-        self.reap_interval = float(reap_interval)
-        self.backoff = backoff
-        self.timeout = None if timeout is None else float(timeout)
-        self.complete_in_batches = complete_in_batches
-        self.flush_after = _seconds("flush_after", flush_after, upper=60.0)
+        self._take_options(
+            handler,
+            queue=queue,
+            dsn=dsn,
+            concurrency=concurrency,
+            batch=batch,
+            lease=lease,
+            poll_interval=poll_interval,
+            listen=listen,
+            listen_dsn=listen_dsn,
+            pgbouncer=pgbouncer,
+            reap_interval=reap_interval,
+            backoff=backoff,
+            timeout=timeout,
+            complete_in_batches=complete_in_batches,
+            flush_after=flush_after,
+            burst=burst,
+            name=name,
+            events=events,
+            record_events=record_events,
+        )
         self.connections = min(concurrency, 10) if connections is None else connections
-        self.burst = burst
-        self.name = name
-        self.events = events if events is not None else EventLog()
-        if not record_events:
-            self.events = NullEventLog()
-        self.app_name = f"pgqueue worker {name}"  # how its sessions show in pg_stat_activity
-        self.done = 0  # jobs this worker completed (accepted by fence)
-        self.failed = 0  # failed attempts recorded (the job retries or goes dead)
-        self.dead = 0  # of those, jobs that went dead
-        self.timed_out = 0  # handlers failed for running past ``timeout``
-        self.rejected = 0  # late writes the database refused (someone else holds the job)
-        self.gave_up = 0  # writes given up after retries (the lease runs out; reaper returns)
 
         self._bell = _Bell()
         self._stop = asyncio.Event()

@@ -8,14 +8,17 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from .db import first_line
-from .errors import ConnectError, PgQueueError
+from .db import first_line, pgbouncer_mode, resolve_dsn
+from .errors import BadInput, ConnectError, PgQueueError
+from .events import EventLog, NullEventLog
 from .job import Job
+from .params import MAX_BACKOFF, MAX_LEASE, _lease, _seconds, queue_names
 from .queue import Queue
 from .tasks import Task, Tasks
 
@@ -124,12 +127,81 @@ def _is_setup_error(exc: BaseException) -> bool:
 
 
 class _TaskRules:
-    """Each job's timeout and backoff: its task's when the handler is a ``Tasks`` registry
-    and the task sets one, else the worker's (shared by Worker and AsyncWorker)."""
+    """The options Worker and AsyncWorker share, checked and kept in one place, and each
+    job's timeout and backoff: its task's when the handler is a ``Tasks`` registry and the
+    task sets one, else the worker's."""
 
     tasks: Tasks | None
     timeout: float | None
     backoff: float
+
+    def _take_options(
+        self,
+        handler: Any,
+        *,
+        queue: str | Sequence[str] | None,
+        dsn: str | None,
+        concurrency: int,
+        batch: int,
+        lease: float,
+        poll_interval: float,
+        listen: bool,
+        listen_dsn: str | None,
+        pgbouncer: bool | None,
+        reap_interval: float,
+        backoff: float,
+        timeout: float | None,
+        complete_in_batches: bool,
+        flush_after: float,
+        burst: bool,
+        name: str,
+        events: EventLog | None,
+        record_events: bool,
+    ) -> None:
+        """Check the shared options (one-line ``BadInput``) and keep them; what the claims
+        and fails would refuse later is refused here."""
+        for what, value in (("poll_interval", poll_interval), ("reap_interval", reap_interval)):
+            if not isinstance(value, int | float) or not 0 < value < 1e6:
+                raise BadInput(f"{what} must be a positive number of seconds, got {value!r}")
+        if timeout is not None and not _seconds("timeout", timeout, upper=MAX_LEASE) > 0:
+            raise BadInput("timeout must be more than 0 seconds (or None for no timeout)")
+        self.tasks = handler if isinstance(handler, Tasks) else None
+        if queue is None:
+            queue = (self.tasks.queues or ["default"]) if self.tasks else "default"
+        self.queues = queue_names(queue)
+        _lease(lease)
+        _seconds("backoff", backoff, upper=MAX_BACKOFF)
+        self.handler = handler
+        self.queue = self.queues[0] if len(self.queues) == 1 else self.queues
+        self.dsn = resolve_dsn(dsn)
+        # Behind PgBouncer in transaction mode a LISTEN would be lost with its server
+        # connection: listen only on a direct one (listen_dsn), else poll.
+        self.pgbouncer = pgbouncer_mode(pgbouncer)
+        self.listen_dsn = listen_dsn
+        self.concurrency = concurrency
+        self.batch = batch
+        self.lease = float(lease)
+        self.poll_interval = float(poll_interval)
+        self.listen = listen
+        self.reap_interval = float(reap_interval)
+        self.backoff = backoff
+        self.timeout = None if timeout is None else float(timeout)
+        self.complete_in_batches = complete_in_batches
+        self.flush_after = _seconds("flush_after", flush_after, upper=60.0)
+        self.burst = burst
+        self.name = name
+        # The record the notebooks draw; a couple of microseconds a job, so production
+        # runs that never read it switch it off.
+        self.events = events if events is not None else EventLog()
+        if not record_events:
+            self.events = NullEventLog()
+        self.app_name = f"pgqueue worker {name}"  # how its sessions show in pg_stat_activity
+        self.done = 0  # jobs this worker completed (accepted by fence)
+        self.failed = 0  # failed attempts recorded (the job retries or goes dead)
+        self.dead = 0  # of those, jobs that went dead
+        self.timed_out = 0  # handlers failed for running past ``timeout``
+        self.rejected = 0  # late writes the database refused (someone else holds the job)
+        self.gave_up = 0  # writes given up after retries (the lease runs out; reaper returns)
 
     def _timeout_for(self, job: Job) -> float | None:
         task = self._task_of(job)
