@@ -79,11 +79,7 @@ class AsyncJob(Job):
             job_column=job_column,
             upsert=upsert,
         )
-        if not took_effect:
-            self.mark_lost()
-        if self.on_event:
-            self.on_event("fenced-write" if took_effect else "fenced-write-rejected", self)
-        return took_effect
+        return self._wrote(took_effect)
 
 
 class ConnectionPool:

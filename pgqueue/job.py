@@ -106,6 +106,11 @@ class Job:
             job_column=job_column,
             upsert=upsert,
         )
+        return self._wrote(took_effect)
+
+    def _wrote(self, took_effect: bool) -> bool:
+        """After a fenced write (Job's or AsyncJob's): a refusal means this holder's fence
+        is stale, so the job is lost; record how it went."""
         if not took_effect:
             self.mark_lost()
         if self.on_event:
