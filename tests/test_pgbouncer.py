@@ -357,6 +357,12 @@ def test_through_a_pool_of_three_every_job_is_done_once(
                 peak[0] = max(peak[0], c.execute(count, (dbname,)).fetchone()[0])
                 time.sleep(0.02)
 
+    # The direct session that just counted the jobs may linger a moment after it closed
+    # (its backend exits after the client left): start watching once it has gone.
+    with psycopg.connect(make_conninfo(empty_dsn, dbname="postgres"), autocommit=True) as c:
+        settle = time.monotonic() + 10
+        while c.execute(count, (dbname,)).fetchone()[0] > POOL and time.monotonic() < settle:
+            time.sleep(0.02)
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     options = ("--concurrency", "4", "--batch", "10", "--burst")
