@@ -473,7 +473,13 @@ def test_reaper_makes_jobs_dead_at_max_attempts(queue: Queue, dsn: str) -> None:
         [job] = queue.claim("q")
         expire(dsn, job_id)
         assert queue.reap() == [Reaped(job_id, "q", expected, job.fence)]
+        # The reaper says why, so a job that went dead this way is not a mystery.
+        assert job_row(dsn, job_id)["last_error"] == (
+            f"lease ran out on attempt {job.attempts} of 2: its worker stopped heartbeating "
+            "(crashed, hung or cut off)"
+        )
     assert job_row(dsn, job_id)["attempts"] == 2
+    assert (state := queue.get(job_id)) is not None and "attempt 2 of 2" in (state.last_error or "")
     assert queue.claim("q") == []
     assert_fence_covers_attempts(dsn)
 

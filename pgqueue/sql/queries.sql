@@ -154,12 +154,15 @@ SET status      = 'ready',
 WHERE id = %(id)s AND fence = %(fence)s AND status = 'running';
 
 -- name: reap
--- Return jobs whose lease ran out; jobs that used every attempt go dead.
+-- Return jobs whose lease ran out; jobs that used every attempt go dead. last_error says
+-- why: a job that crashes its worker every time goes dead with this note, not a blank.
 UPDATE jobs
 SET status      = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'ready' END,
     run_at      = now(),
     lease_until = NULL,
-    finished_at = CASE WHEN attempts >= max_attempts THEN now() END
+    finished_at = CASE WHEN attempts >= max_attempts THEN now() END,
+    last_error  = 'lease ran out on attempt ' || attempts || ' of ' || max_attempts
+                  || ': its worker stopped heartbeating (crashed, hung or cut off)'
 WHERE status = 'running' AND lease_until < now()
 RETURNING id, queue, status, fence;
 
