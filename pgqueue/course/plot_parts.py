@@ -1,0 +1,168 @@
+"""The timelines' vocabulary: the event kinds and their marks, lanes, and the storage lanes."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..events import EventLog
+from .labels import _Labels
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.axes import Axes
+
+# What ends a worker's hold on a claimed job (rejected endings mean it had lost the job).
+_ENDS = (
+    "complete",
+    "complete-rejected",
+    "fail",
+    "fail-rejected",
+    "release",
+    "release-rejected",
+    "skipped",
+)
+_REJECTED = ("complete-rejected", "fail-rejected", "release-rejected", "fenced-write-rejected")
+# Which storage lane a write goes to (``storage=``): the job's own row, or a side table.
+_JOB_WRITES = ("claim", *(k for k in _ENDS if k != "skipped"))
+_SIDE_WRITES = ("fenced-write", "fenced-write-rejected", "unfenced-write")
+# The worker's keeper records this detail when a lease ran out on its own clock.
+_LOCAL_EXPIRY = "lease ran out here"
+
+# mark -> (legend label, matplotlib scatter style). Marks are event kinds, except
+# "lease-ran-out" (a local expiry), "timeout" (a fail by timeout), "dead" (a fail or reap
+# that sent the job dead) and "rejected" (any refused write).
+_MARKS: dict[str, tuple[str, dict[str, Any]]] = {
+    "claim": ("claim (#job f=fence)", {"marker": ">", "color": "tab:blue", "s": 55}),
+    "heartbeat": ("heartbeat", {"marker": "|", "color": "0.35", "s": 60}),
+    "lease-lost": (
+        "heartbeat refused: lease lost",
+        {"marker": "d", "color": "tab:purple", "s": 55},
+    ),
+    "lease-ran-out": (
+        "lease ran out on the worker's clock",
+        {"marker": "d", "facecolors": "none", "edgecolors": "tab:purple", "s": 55},
+    ),
+    "complete": ("complete (accepted)", {"marker": "s", "color": "tab:green", "s": 45}),
+    "fail": ("fail (retry later)", {"marker": "v", "color": "tab:orange", "s": 55}),
+    "timeout": ("fail: handler timed out", {"marker": "v", "color": "tab:brown", "s": 65}),
+    "release": ("release (handed back)", {"marker": "<", "color": "0.5", "s": 45}),
+    "fenced-write": ("fenced write (accepted)", {"marker": "D", "color": "tab:green", "s": 35}),
+    "unfenced-write": (
+        "write without fence (accepted!)",
+        {"marker": "P", "color": "darkorange", "s": 70},
+    ),
+    "reap": ("reaper takes the job back", {"marker": "^", "color": "black", "s": 60}),
+    "dead": ("job dead (no attempts left)", {"marker": "$\\dagger$", "color": "black", "s": 200}),
+    "crash": ("crash", {"marker": "*", "color": "black", "s": 160}),
+    "rejected": ("late write rejected (0 rows)", {"marker": "X", "color": "red", "s": 110}),
+}
+
+
+def as_frame(events: EventLog | pd.DataFrame) -> pd.DataFrame:
+    """The events as a DataFrame with a seconds column ``s`` (from ``EventLog.to_frame``)."""
+    if isinstance(events, EventLog):
+        return events.to_frame()
+    frame = events.copy()
+    if "s" not in frame.columns:
+        frame["s"] = frame["t"] - (frame["t"].min() if len(frame) else 0.0)
+    return frame
+
+
+def _lane_order(name: str) -> list[Any]:
+    """Natural sort: A < B, w.2 < w.10."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+def _lanes_of(worker: str, lanes: list[str]) -> list[str]:
+    """The lanes a worker-level event (pause, crash) belongs to: ``A`` or ``A.1``, ``A.2``..."""
+    return [lane for lane in lanes if lane == worker or lane.startswith(worker + ".")]
+
+
+def _draw_storage(
+    ax: Axes,
+    frame: pd.DataFrame,
+    stores: Mapping[str, pd.DataFrame],
+    y: Mapping[str, int],
+    names: list[str],
+    origin: float,
+    left: float,
+    end_s: float,
+    labels: _Labels,
+) -> None:
+    """Each storage lane: the stored fence as labelled segments; each write an arrow from
+    its worker's lane to the row it reached, green when taken, red with ``1 < 2: refused``
+    when the stored fence turned it away; each claim an arrow handing out the new fence."""
+    right = end_s * 1.25 + 0.05
+    for name in names:
+        store = stores[name].sort_values("t")
+        lane_y = y[name]
+        # A fence stored before the events begin is drawn from the left edge.
+        times = [max(float(t) - origin, left) for t in store["t"]]
+        if times and times[0] <= left + 0.03 * (right - left):
+            times[0] = left  # there from (about) the start
+        if not times or times[0] > left + 0.03 * (right - left):
+            start = times[0] if times else right
+            ax.plot([left, start], [lane_y, lane_y], color="0.6", linestyle="--", linewidth=1)
+            labels.add(left, lane_y, "no row yet", priority=0, color="0.35")
+        for i, (t, fence) in enumerate(zip(times, store["fence"], strict=True)):
+            stop = times[i + 1] if i + 1 < len(times) else right
+            ax.plot(
+                [t, stop],
+                [lane_y, lane_y],
+                color="0.45",
+                linewidth=5,
+                alpha=0.35,
+                solid_capstyle="butt",
+            )
+            ax.plot([t, t], [lane_y - 0.2, lane_y + 0.2], color="0.3", linewidth=1)
+            labels.block(t, stop, lane_y - 0.05, lane_y + 0.05)
+            labels.add(
+                t,
+                lane_y,
+                f"fence {int(fence)}",
+                short=f"f={int(fence)}",
+                priority=0,
+                stay_right=True,
+                color="0.15",
+            )
+
+    def stored_at(name: str, s: float) -> int | None:
+        store = stores[name]
+        before = store[store["t"] - origin <= s + 1e-3]
+        return None if not len(before) else int(before.sort_values("t")["fence"].iloc[-1])
+
+    targets = {kind: names[0] for kind in _JOB_WRITES} | {kind: names[-1] for kind in _SIDE_WRITES}
+    for row in frame[
+        frame["kind"].isin(list(targets)) & frame["worker"].isin(list(y))
+    ].itertuples():
+        store = targets[row.kind]
+        worker_y, store_y = y[row.worker], y[store]
+        refused = row.kind in _REJECTED
+        color = "tab:blue" if row.kind == "claim" else "red" if refused else "tab:green"
+        tail, head = (store_y, worker_y) if row.kind == "claim" else (worker_y, store_y)
+        ax.annotate(
+            "",
+            xy=(row.s, head),
+            xytext=(row.s, tail),
+            arrowprops={
+                "arrowstyle": "-|>",
+                "color": color,
+                "lw": 1.2,
+                "alpha": 0.8,
+                "shrinkA": 6,
+                "shrinkB": 6,
+            },
+            zorder=1,
+        )
+        labels.block_vline(row.s, min(worker_y, store_y) + 0.2, max(worker_y, store_y) - 0.2)
+        if refused:
+            held = stored_at(store, row.s)
+            ticket = int(row.fence)
+            text = (
+                f"{ticket} < {held}: refused" if held is not None and ticket < held else "refused"
+            )
+            labels.add(row.s, store_y, text, short="refused", priority=0, color="red", side="below")
+            ax.scatter([row.s], [store_y], marker="X", color="red", s=60, zorder=3)
+            labels.block_point(row.s, store_y, 60**0.5)
