@@ -63,12 +63,13 @@ class AsyncJob(Job):
         job_column: str = "job_id",
     ) -> bool:
         """Write to another table with this job's fence and id (see ``Job.fenced_write``
-        and ``pgqueue.fenced_write``); return whether it took effect. A refused write marks
-        the job lost; a row written by another job raises ``FenceConflict``."""
+        and ``pgqueue.fenced_write``); return whether it took effect. The statement checks the
+        job in ``jobs`` too (still running, this fence, lease not run out). A refused write
+        marks the job lost; a row written by another job raises ``FenceConflict``."""
         if self.conn is None and self.borrow is None:
             raise LeaseLost(f"job {self.id} has no connection to write with; claim it first")
-        # Known stale here (failed, timed out, told by a heartbeat): a row that does not
-        # exist yet has no fence to compare with, so the database alone could not refuse.
+        # Known stale here (failed, timed out, told by a heartbeat): refused without a
+        # round trip. Otherwise the statement itself checks the row's fence and the job's.
         took_effect = not self._lost and await async_fenced_write(
             await self.connection(),
             table,
@@ -78,6 +79,7 @@ class AsyncJob(Job):
             job_id=self.id,
             job_column=job_column,
             upsert=upsert,
+            check_lease=True,
         )
         return self._wrote(took_effect)
 

@@ -12,6 +12,12 @@ row also stores the job that wrote it; a later write from the same job is accept
 its fence is no older (the same claim may write twice), and a write from another job is
 refused loudly (``FenceConflict``) rather than judged by an unrelated number.
 
+A stored fence only refuses a holder once a newer one has written. Where the table lives
+in the queue's own database, ``check_lease=True`` (what ``Job.fenced_write`` passes) adds
+the job itself to the write's statement: the write takes effect only while ``jobs`` says
+the job is running with this fence and an unexpired lease, so a holder that was reaped,
+timed out, failed or cancelled is refused at once, before anyone else has written.
+
 Table and column names come from the caller and are composed with
 ``psycopg.sql.Identifier`` (quoted, never pasted in); every value is a parameter.
 """
@@ -24,6 +30,7 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg import sql
 
+from . import statements
 from .db import first_line
 from .errors import BadInput, FenceConflict, LeaseLost
 
@@ -41,6 +48,7 @@ def fenced_write(
     fence_column: str = "fence",
     job_column: str = "job_id",
     upsert: bool = True,
+    check_lease: bool = False,
 ) -> bool:
     """Write ``values`` to the row of ``table`` identified by ``key``, fenced by ``fence``;
     return whether the write took effect.
@@ -59,8 +67,14 @@ def fenced_write(
 
     With ``upsert`` (the default) a missing row is inserted (``key`` must be a unique key);
     without it, only an existing row is updated, and a missing one is ``False``.
+
+    With ``check_lease`` (needs ``job_id``; the table must be in the database of ``jobs``)
+    the same statement also requires that job ``job_id`` is still running with this fence
+    and a lease the server's clock has not passed; if not, nothing is written (``False``).
     """
-    write = compose(table, key, values, fence, job_id, fence_column, job_column, upsert)
+    write = compose(
+        table, key, values, fence, job_id, fence_column, job_column, upsert, check_lease
+    )
     try:
         if conn.execute(write.query, write.params).rowcount == 1:
             return True
@@ -70,6 +84,8 @@ def fenced_write(
         raise write.missing_column(exc) from exc
     if job_id is None:
         return False
+    if write.holds is not None and conn.execute(write.holds, write.params).fetchone() is None:
+        return False  # this holder's claim is over: stale, whatever the row holds
     return write.refused(conn.execute(write.lookup, write.key_params).fetchone())
 
 
@@ -84,9 +100,12 @@ async def async_fenced_write(
     fence_column: str = "fence",
     job_column: str = "job_id",
     upsert: bool = True,
+    check_lease: bool = False,
 ) -> bool:
     """``fenced_write`` on an ``AsyncConnection``: the same statement, the same rules."""
-    write = compose(table, key, values, fence, job_id, fence_column, job_column, upsert)
+    write = compose(
+        table, key, values, fence, job_id, fence_column, job_column, upsert, check_lease
+    )
     try:
         if (await conn.execute(write.query, write.params)).rowcount == 1:
             return True
@@ -96,6 +115,10 @@ async def async_fenced_write(
         raise write.missing_column(exc) from exc
     if job_id is None:
         return False
+    if write.holds is not None:
+        held = await (await conn.execute(write.holds, write.params)).fetchone()
+        if held is None:
+            return False  # this holder's claim is over: stale, whatever the row holds
     return write.refused(await (await conn.execute(write.lookup, write.key_params)).fetchone())
 
 
@@ -111,6 +134,7 @@ class FencedWrite(NamedTuple):
     job_id: int | None
     fence_column: str
     job_column: str
+    holds: sql.Composed | None  # with check_lease: does the job still hold this claim?
 
     def missing_column(self, exc: psycopg.errors.UndefinedColumn) -> BadInput:
         """What an undefined column means to a write with a job id: no job column."""
@@ -141,11 +165,14 @@ def compose(
     fence_column: str = "fence",
     job_column: str = "job_id",
     upsert: bool = True,
+    check_lease: bool = False,
 ) -> FencedWrite:
     """Check the arguments of a fenced write and compose its statements (names quoted
     with ``psycopg.sql.Identifier``, every value a parameter)."""
     if not key or not values:
         raise BadInput("fenced_write needs a non-empty key and values")
+    if check_lease and job_id is None:
+        raise BadInput("check_lease=True needs job_id=: the lease checked is that job's")
     if fence_column in key or fence_column in values:
         raise BadInput(f"pass the fence as fence=, not as the column {fence_column!r}")
     if job_id is not None and job_column in values:
@@ -162,17 +189,21 @@ def compose(
     match = sql.SQL(" AND ").join(
         sql.SQL("{} = {}").format(k, sql.Placeholder(f"k{i}")) for i, k in enumerate(keys)
     )
+    holds = _holds() if check_lease else None
+    live = sql.SQL("") if holds is None else sql.SQL(" WHERE EXISTS ({})").format(holds)
     if upsert:
         # The job column is written on insert only (unless it is the key): it never changes.
         owner = [] if job_id is None or job_column in key else [(j, sql.Placeholder("job"))]
         accept = sql.SQL("{t}.{f} < EXCLUDED.{f}")
         if job_id is not None:
             accept = sql.SQL("{t}.{j} = EXCLUDED.{j} AND {t}.{f} <= EXCLUDED.{f}")
+        # INSERT ... SELECT, not VALUES, so that the claim check can stop the insert too.
         query = sql.SQL(
-            "INSERT INTO {t} ({all_cols}) VALUES ({all_vals}) "
+            "INSERT INTO {t} ({all_cols}) SELECT {all_vals}{live} "
             "ON CONFLICT ({keys}) DO UPDATE SET {sets} WHERE {accept}"
         ).format(
             t=target,
+            live=live,
             accept=accept.format(t=target, f=f, j=j),
             all_cols=sql.SQL(", ").join([*keys, *cols, *(c for c, _ in owner), f]),
             all_vals=sql.SQL(", ").join(
@@ -190,10 +221,13 @@ def compose(
         accept = sql.SQL("{f} < %(fence)s")
         if job_id is not None:
             accept = sql.SQL("{j} = %(job)s AND {f} <= %(fence)s")
+        checks = accept.format(f=f, j=j)
+        if holds is not None:
+            checks = sql.SQL("{} AND EXISTS ({})").format(checks, holds)
         query = sql.SQL("UPDATE {t} SET {sets}, {f} = %(fence)s WHERE {match} AND {accept}").format(
             t=target,
             f=f,
-            accept=accept.format(f=f, j=j),
+            accept=checks,
             sets=sql.SQL(", ").join(
                 sql.SQL("{} = {}").format(c, sql.Placeholder(f"v{i}")) for i, c in enumerate(cols)
             ),
@@ -201,8 +235,15 @@ def compose(
         )
     lookup = sql.SQL("SELECT {j} FROM {t} WHERE {match}").format(j=j, t=target, match=match)
     return FencedWrite(
-        query, params, lookup, key_params, table, key, job_id, fence_column, job_column
+        query, params, lookup, key_params, table, key, job_id, fence_column, job_column, holds
     )
+
+
+def _holds() -> sql.Composed:
+    """The ``holds`` statement of ``sql/queries.sql`` (its comments left out), to nest in
+    a write's ``EXISTS (...)``."""
+    lines = statements.query("holds").splitlines()
+    return sql.SQL(" ").join(sql.SQL(x.strip()) for x in lines if not x.lstrip().startswith("--"))
 
 
 def _name(*parts: str) -> sql.Identifier:

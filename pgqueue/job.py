@@ -90,12 +90,14 @@ class Job:
     ) -> bool:
         """Write to another table with this job's fence and id (see ``pgqueue.fenced_write``;
         the table needs a ``job_column`` beside ``fence``); return whether it took effect.
-        A refused write means this holder's fence is stale: the job is marked lost. A row
-        written by another job raises ``FenceConflict`` (the handler fails, so it is seen)."""
+        The same statement checks the job in ``jobs`` too (``check_lease``): it must still
+        be running with this fence and an unexpired lease. A refused write means this
+        holder's claim is over: the job is marked lost. A row written by another job raises
+        ``FenceConflict`` (the handler fails, so it is seen)."""
         if self.conn is None:
             raise LeaseLost(f"job {self.id} has no connection to write with; claim it first")
-        # Known stale here (failed, timed out, told by a heartbeat): a row that does not
-        # exist yet has no fence to compare with, so the database alone could not refuse.
+        # Known stale here (failed, timed out, told by a heartbeat): refused without a
+        # round trip. Otherwise the statement itself checks the row's fence and the job's.
         took_effect = not self._lost and fenced_write(
             self.conn,
             table,
@@ -105,6 +107,7 @@ class Job:
             job_id=self.id,
             job_column=job_column,
             upsert=upsert,
+            check_lease=True,
         )
         return self._wrote(took_effect)
 

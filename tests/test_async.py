@@ -278,6 +278,25 @@ def test_async_fenced_write_takes_a_newer_fence_and_refuses_a_stale_one(
     assert rows(dsn, "SELECT body, fence FROM side") == [("second", 2)]
 
 
+def test_async_fenced_write_checks_the_job_itself(queue: Queue, dsn: str) -> None:
+    """As with Job: once the claim is over (here cancelled, no heartbeat in between), the
+    holder's write is refused even where no newer holder has written, and it is lost."""
+    queue.conn.execute(SIDE)
+    job_id = queue.enqueue({}, queue="q")
+
+    async def main() -> None:
+        async with AsyncQueue(dsn) as q:
+            [job] = await q.claim("q", lease=30)
+            assert await job.fenced_write("side", {"id": 1}, {"body": "in time"})
+            assert await q.cancel(job_id)
+            assert not job.lost
+            assert not await job.fenced_write("side", {"id": 2}, {"body": "late, new row"})
+            assert job.lost
+
+    run(main())
+    assert rows(dsn, "SELECT id, body FROM side") == [(1, "in time")]
+
+
 def test_the_array_statements_are_planned_for_each_call_never_prepared(
     queue: Queue, dsn: str
 ) -> None:

@@ -116,6 +116,90 @@ def test_a_stale_holder_of_the_same_job_is_refused_and_marked_lost(
     assert receipt(app) == ("by B", job_id, 2)
 
 
+# -- the job itself is checked: a claim that is over cannot write, even a fresh row ------
+def expire_lease(dsn: str, job_id: int) -> None:
+    """Make ``job_id``'s lease run out (by the server's clock), as a long freeze would."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id = %s", [job_id]
+        )
+
+
+@pytest.mark.parametrize("upsert", [True, False])
+@pytest.mark.parametrize("ended_by", ["lease ran out", "reaped", "cancelled", "failed elsewhere"])
+def test_a_holder_whose_claim_is_over_is_refused_before_anyone_else_writes(
+    queue: Queue, dsn: str, app: psycopg.Connection, ended_by: str, upsert: bool
+) -> None:
+    """No newer holder has written the row (for the insert: the row does not exist yet),
+    so the row's fence alone could not refuse. The job in ``jobs`` does: the holder is
+    refused and learns that it lost the job, with no heartbeat in between."""
+    job_id = queue.enqueue({}, queue="q")
+    [a] = queue.claim("q")
+    if not upsert:  # the row exists already, created for this job before it ran
+        app.execute("INSERT INTO receipts VALUES (42, 'pending', %s, 0)", [job_id])
+    assert a.fenced_write("receipts", {"order_id": 42}, {"body": "A, in time"}, upsert=upsert)
+    if upsert:  # start again from no row: the row's fence cannot refuse what is not there
+        app.execute("DELETE FROM receipts")
+    if ended_by in ("lease ran out", "reaped"):
+        expire_lease(dsn, job_id)
+        if ended_by == "reaped":
+            assert [r.id for r in queue.reap()] == [job_id]
+    elif ended_by == "cancelled":
+        assert queue.cancel(job_id)
+    else:  # another process (a worker's timeout, an operator) failed this attempt
+        with Queue(dsn) as other:
+            held = other.get(job_id)
+            assert held is not None
+            assert other.fail(replace_fence(a, held.fence), "TimeoutError: took too long")
+    kinds = recording(a)
+    assert not a.lost  # nothing told A yet: no heartbeat ran
+    assert not a.fenced_write("receipts", {"order_id": 42}, {"body": "A, late"}, upsert=upsert)
+    assert a.lost and kinds == ["fenced-write-rejected"]
+    expected = None if upsert else ("A, in time", job_id, 1)
+    assert receipt(app) == expected, "the late write changed nothing"
+
+
+def replace_fence(job: Job, fence: int) -> Job:
+    """A copy of ``job`` held with ``fence`` (as another process holding it would see it)."""
+    from dataclasses import replace
+
+    return replace(job, fence=fence)
+
+
+def test_check_lease_is_the_plain_functions_option_and_needs_a_job_id(
+    queue: Queue, dsn: str, app: psycopg.Connection
+) -> None:
+    job_id = queue.enqueue({}, queue="q")
+    [a] = queue.claim("q")
+    write = {"key": {"order_id": 42}, "values": {"body": "x"}, "job_id": job_id}
+    # Without check_lease (the default of the plain function) only the row's fence counts.
+    expire_lease(dsn, job_id)
+    assert fenced_write(app, "receipts", fence=a.fence, **write)  # type: ignore[arg-type]
+    assert not fenced_write(
+        app,
+        "receipts",
+        fence=a.fence,
+        check_lease=True,
+        **write,  # type: ignore[arg-type]
+    )
+    with pytest.raises(BadInput, match="check_lease=True needs job_id="):
+        fenced_write(app, "receipts", {"order_id": 1}, {"body": "x"}, 1, check_lease=True)
+
+
+def test_a_stale_holder_is_refused_as_stale_even_on_another_jobs_row(
+    queue: Queue, dsn: str, app: psycopg.Connection
+) -> None:
+    """A claim that is over is refused (False, lost) before the row's owner is compared:
+    whatever the row holds, this holder must stop, and FenceConflict would blame the row."""
+    first, second = queue.enqueue({}, queue="q"), queue.enqueue({}, queue="q")
+    jobs = {job.id: job for job in queue.claim("q", limit=2)}
+    assert jobs[first].fenced_write("receipts", {"order_id": 42}, {"body": "first"})
+    assert queue.cancel(second)
+    assert not jobs[second].fenced_write("receipts", {"order_id": 42}, {"body": "second"})
+    assert jobs[second].lost
+    assert receipt(app) == ("first", first, 1)
+
+
 def test_update_of_a_missing_row_is_false(app: psycopg.Connection) -> None:
     assert not fenced_write(
         app, "receipts", {"order_id": 42}, {"body": "x"}, 1, job_id=7, upsert=False

@@ -42,6 +42,7 @@ TESTED_QUERIES = {
     "fail",
     "release",
     "reap",
+    "holds",
     "retry_dead",
     "retry_dead_ids",
     "get",

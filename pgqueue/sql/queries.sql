@@ -166,6 +166,15 @@ SET status      = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'ready' EN
 WHERE status = 'running' AND lease_until < now()
 RETURNING id, queue, status, fence;
 
+-- name: holds
+-- Whether job %(job)s is still held with fence %(fence)s: running, that fence, and a lease
+-- that has not run out by the server's clock at this statement. Job.fenced_write puts it in
+-- the write's own statement, so a holder that was reaped, timed out, failed or cancelled is
+-- refused at once, even where no newer holder has written yet.
+SELECT 1 FROM jobs
+WHERE id = %(job)s AND fence = %(fence)s AND status = 'running'
+  AND lease_until > statement_timestamp()
+
 -- name: retry_dead
 -- Give the dead jobs of a queue %(extra)s more attempts (attempts and fence keep counting).
 UPDATE jobs
