@@ -76,10 +76,11 @@ def test_a_handler_raising_base_exception_fails_its_job_and_the_lane_goes_on(
 
     worker = make_worker(handler, concurrency=1, batch=3).start()
     wait_for(lambda: statuses(dsn) == {"dead": 1, "done": 5}, what="bad dead, the rest done")
+    # The row is written before the worker counts it: wait for the worker to settle too.
+    wait_for(lambda: worker.in_flight == [], what="the worker to settle every job")
     [(error,)] = rows(dsn, "SELECT last_error FROM jobs WHERE id = %s", [bad])
     assert error.startswith(type(raised).__name__), error
     assert worker.failed == 1 and worker.dead == 1 and worker.done == len(good)
-    assert worker.in_flight == []
 
 
 def test_a_handler_that_breaks_its_connection_cannot_break_the_bookkeeping(
@@ -145,10 +146,15 @@ def test_every_failed_attempt_logs_one_line_and_the_worker_counts_it(
     def handler(job: Job) -> None:
         raise LookupError(f"no such table\nsecond line, attempt {job.attempts}")
 
+    def failed_lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "failed, attempt" in r.getMessage()]
+
     caplog.set_level(logging.WARNING, logger="pgqueue")
     worker = make_worker(handler).start()
     wait_for(lambda: statuses(dsn) == {"dead": 1}, what="the job to go dead")
-    lines = [r.getMessage() for r in caplog.records if "failed, attempt" in r.getMessage()]
+    # The worker counts and logs an attempt after its row is written: wait for the line.
+    wait_for(lambda: len(failed_lines()) >= 2, what="the second failed attempt's line")
+    lines = failed_lines()
     assert len(lines) == 2, lines
     assert (
         f"job {job_id} (q) failed, attempt 1 of 2: LookupError: no such table; retry in"
@@ -186,6 +192,8 @@ def test_a_hung_handler_is_failed_at_its_timeout_and_its_lane_replaced(
     # concurrency is kept: a new lane drains the queue while the old one still hangs
     others = queue.enqueue_many([{"n": i} for i in range(4)], queue="q")
     wait_for(lambda: statuses(dsn) == {"dead": 1, "done": len(others)}, what="the rest done")
+    # The worker counts and records a completion after its row is written: wait for those.
+    wait_for(lambda: worker.events.count("complete") >= len(others), what="the completions")
     assert worker.timed_out == 1
     assert any("/2" in e.worker for e in worker.events.events("complete"))
     hang_over.set()
