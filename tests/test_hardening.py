@@ -255,7 +255,8 @@ def test_a_stalled_keeper_does_not_start_jobs_after_their_lease_ran_out(
     try:
         wait_for(lambda: seen_lost, what="the handler to notice the lease ran out")
         assert seen_lost == [True]  # no heartbeat said so: the local deadline did
-        time.sleep(0.3)
+        # The lane comes to the sibling once the handler has returned: wait for its decision.
+        wait_for(lambda: worker.events.count("skipped"), what="the sibling to be skipped")
         assert len(started) == 1  # its batch sibling, past its lease too, was never started
         assert worker.events.count("skipped") == 1
     finally:
