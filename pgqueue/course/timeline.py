@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..events import EventLog
@@ -22,6 +23,41 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+
+# The kinds that give a worker a lane of its own (a pause or a crash goes on its worker's).
+_LANE_KINDS = {*_ENDS, "claim", "heartbeat", "lease-lost", "fenced-write"} | {
+    "fenced-write-rejected",
+    "unfenced-write",
+    "lock-wait",
+}
+# A hold bar's style: (legend label, color, alpha, hatch).
+_BarStyle = tuple[str, str, float, str]
+_HELD: _BarStyle = ("holding a job", "tab:blue", 0.3, "")
+_REFUSED: _BarStyle = ("held, then refused", "tab:red", 0.25, "")
+_STOPPED: _BarStyle = ("lease held by a stopped worker", "0.55", 0.35, "///")
+
+
+@dataclass
+class _Sheet:
+    """What the drawing steps share: the axes, the events, the lanes, what was drawn."""
+
+    ax: Axes
+    frame: pd.DataFrame  # the events drawn: the lanes' own, and every pause, crash and reap
+    claims: pd.DataFrame  # the claim events among them
+    lanes: list[str]  # the workers' lanes (then "reaper" if needed), then the storage lanes
+    y: dict[str, int]  # lane -> its row on the y axis
+    clients: int  # how many of the lanes are not storage lanes
+    holder: dict[tuple[int, int], str]  # (job id, fence) -> the lane that claimed it
+    end_s: float  # the last moment to draw, in seconds
+    annotate: bool  # label every claim with its #job f=fence
+    labels: _Labels
+    used: set[str] = field(default_factory=set)  # what the legend explains
+    holds: dict[str, tuple[str, float, str]] = field(default_factory=dict)  # label -> style
+
+    @property
+    def workers(self) -> list[str]:
+        """The lanes that are not storage lanes."""
+        return self.lanes[: self.clients]
 
 
 def timeline(
@@ -58,61 +94,110 @@ def timeline(
     ``annotate`` defaults to labelling claims only when there are few of them.
     ``lanes`` fixes which lanes to draw, in order (a worker that did nothing keeps its lane).
     """
-    import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
     frame = as_frame(events)
     origin = float((frame["t"] - frame["s"]).iloc[0]) if len(frame) else 0.0
     stores = dict(storage or {})
+    fig, ax = _figure(ax, frame, lanes, len(stores))
+    sheet = _sheet(ax, frame, lanes, stores, origin, annotate)
+    _draw_pauses(sheet)
+    _draw_lock_waits(sheet)
+    _draw_claim_transactions(sheet)
+    _draw_holds(sheet, _database_leases(leases, origin), lease)
+    _draw_points(sheet, dead, label_rejections=not stores)
+    left = min(0.0, float(sheet.frame["s"].min()) if len(sheet.frame) else 0.0)
+    if stores:
+        _draw_storage_lanes(sheet, stores, origin, left)
+    _set_axes(sheet, title, left, stored=bool(stores))
+    if legend:
+        ax.legend(
+            handles=_legend_handles(sheet.holds, sheet.used),
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            fontsize=8,
+            frameon=False,
+        )
+    fig.tight_layout()
+    sheet.labels.place()
+    return fig
+
+
+def _figure(
+    ax: Axes | None, frame: pd.DataFrame, lanes: Sequence[str] | None, stores: int
+) -> tuple[Figure, Axes]:
+    """The given axes and their figure, or a new figure tall enough for every lane."""
+    import matplotlib.pyplot as plt
+
     if ax is None:
         count = len(lanes) if lanes is not None else _count_lanes(frame)
-        fig, ax = plt.subplots(figsize=(10, 1.4 + 0.75 * max(1, count + len(stores))))
+        fig, ax = plt.subplots(figsize=(10, 1.4 + 0.75 * max(1, count + stores)))
     else:
         fig = ax.figure
-    labels = _Labels(ax)
-    job_kinds = set(_ENDS) | {"claim", "heartbeat", "lease-lost", "fenced-write"}
-    job_kinds |= {"fenced-write-rejected", "unfenced-write", "lock-wait"}
-    seen = set(frame.loc[frame["kind"].isin(job_kinds), "worker"])
-    lanes = list(lanes) if lanes is not None else sorted(seen, key=_lane_order)
+    return fig, ax
+
+
+def _count_lanes(frame: pd.DataFrame) -> int:
+    """How many workers did something other than reap (the height of a new figure)."""
+    return frame.loc[frame["kind"] != "reap", "worker"].nunique()
+
+
+def _sheet(
+    ax: Axes,
+    frame: pd.DataFrame,
+    lanes: Sequence[str] | None,
+    stores: Mapping[str, pd.DataFrame],
+    origin: float,
+    annotate: bool | None,
+) -> _Sheet:
+    """Lay out the lanes: the workers' (given, or every worker that touched a job, in
+    natural order), a "reaper" lane if a job was reaped whose claim is not shown, then one
+    per storage row; and find how far the time axis must run."""
+    seen = set(frame.loc[frame["kind"].isin(_LANE_KINDS), "worker"])
+    order = list(lanes) if lanes is not None else sorted(seen, key=_lane_order)
     # Worker-level events (pause, crash) and reaps are placed on lanes below.
-    frame = frame[frame["worker"].isin(lanes) | frame["kind"].isin(["pause", "crash", "reap"])]
-    reap_rows = frame[frame["kind"] == "reap"]
-    end_s = float(frame["s"].max()) if len(frame) else 1.0
-    y = {lane: i for i, lane in enumerate(lanes)}
-    holder: dict[tuple[int, int], str] = {}  # (job id, fence) -> lane
+    frame = frame[frame["worker"].isin(order) | frame["kind"].isin(["pause", "crash", "reap"])]
     claims = frame[frame["kind"] == "claim"]
-    for row in claims.itertuples():
-        holder[(int(row.job_id), int(row.fence))] = row.worker
-    if reap_rows.size and any(
-        (int(r.job_id), int(r.fence)) not in holder for r in reap_rows.itertuples()
-    ):
-        lanes.append("reaper")  # a job reaped whose claim we did not see
-        y["reaper"] = len(lanes) - 1
-    clients = len(lanes)
-    for label in stores:
-        lanes.append(label)
-        y[label] = len(lanes) - 1
-    if annotate is None:
-        annotate = len(claims) <= 30
-    used: set[str] = set()
-    holds: dict[str, tuple[str, float, str]] = {}  # legend label -> bar style
-    db = None
-    if leases is not None and len(leases):
-        db = leases.assign(set_s=leases["set_t"] - origin, until_s=leases["until_t"] - origin)
+    holder = {(int(row.job_id), int(row.fence)): row.worker for row in claims.itertuples()}
+    reaps = frame[frame["kind"] == "reap"]
+    if reaps.size and any((int(r.job_id), int(r.fence)) not in holder for r in reaps.itertuples()):
+        order.append("reaper")  # a job reaped whose claim we did not see
+    clients = len(order)
+    order += list(stores)
+    end_s = float(frame["s"].max()) if len(frame) else 1.0
     for store in stores.values():
         if len(store):
             end_s = max(end_s, float(store["t"].max() - origin))
+    return _Sheet(
+        ax=ax,
+        frame=frame,
+        claims=claims,
+        lanes=order,
+        y={lane: i for i, lane in enumerate(order)},
+        clients=clients,
+        holder=holder,
+        end_s=end_s,
+        annotate=len(claims) <= 30 if annotate is None else annotate,
+        labels=_Labels(ax),
+    )
 
-    # Pauses: a shaded box over the worker's lanes, labelled with its length.
-    for row in frame[frame["kind"] == "pause"].itertuples():
+
+def _database_leases(leases: pd.DataFrame | None, origin: float) -> pd.DataFrame | None:
+    """The database's lease deadlines with seconds columns ``set_s`` and ``until_s``."""
+    if leases is None or not len(leases):
+        return None
+    return leases.assign(set_s=leases["set_t"] - origin, until_s=leases["until_t"] - origin)
+
+
+def _draw_pauses(sheet: _Sheet) -> None:
+    """A shaded box over the paused worker's lanes, labelled with its length."""
+    for row in sheet.frame[sheet.frame["kind"] == "pause"].itertuples():
         seconds = float(row.detail or 0)
-        for lane in _lanes_of(row.worker, lanes[:clients]):
-            ax.broken_barh([(row.s, seconds)], (y[lane] - 0.42, 0.84), color="0.8", alpha=0.6)
-            labels.keep(
-                ax.text(
+        for lane in _lanes_of(row.worker, sheet.workers):
+            lane_y = sheet.y[lane]
+            sheet.ax.broken_barh([(row.s, seconds)], (lane_y - 0.42, 0.84), color="0.8", alpha=0.6)
+            sheet.labels.keep(
+                sheet.ax.text(
                     row.s + seconds / 2,
-                    y[lane] - 0.35,
+                    lane_y - 0.35,
                     f"paused {seconds:g} s",
                     ha="center",
                     va="center",
@@ -120,286 +205,331 @@ def timeline(
                     color="0.25",
                 )
             )
-        end_s = max(end_s, row.s + seconds)
-        used.add("pause")
+        sheet.end_s = max(sheet.end_s, row.s + seconds)
+        sheet.used.add("pause")
 
-    # Lock waits (lab.race): the claim's select stood in line behind other workers' locks.
-    for row in frame[frame["kind"] == "lock-wait"].itertuples():
-        if row.worker in y:
-            waited = float(row.detail or 0)
-            ax.broken_barh(
+
+def _draw_lock_waits(sheet: _Sheet) -> None:
+    """(lab.race) A dotted box where the claim's select stood in line behind other locks."""
+    for row in sheet.frame[sheet.frame["kind"] == "lock-wait"].itertuples():
+        if row.worker in sheet.y:
+            waited, lane_y = float(row.detail or 0), sheet.y[row.worker]
+            sheet.ax.broken_barh(
                 [(row.s - waited, waited)],
-                (y[row.worker] - 0.14, 0.28),
+                (lane_y - 0.14, 0.28),
                 facecolor="none",
                 edgecolor="tab:orange",
                 hatch="....",
                 linewidth=0,
             )
-            labels.block(row.s - waited, row.s, y[row.worker] - _BAR, y[row.worker] + _BAR)
-            used.add("lock-wait")
+            sheet.labels.block(row.s - waited, row.s, lane_y - _BAR, lane_y + _BAR)
+            sheet.used.add("lock-wait")
 
-    # Claim transactions (lab.race): from the select's return to the commit of the claim.
-    begins = frame[frame["kind"] == "claim-begin"]
-    for row in claims.itertuples():
+
+def _draw_claim_transactions(sheet: _Sheet) -> None:
+    """(lab.race) A thin bar from the claim's select returning to the claim's commit."""
+    begins = sheet.frame[sheet.frame["kind"] == "claim-begin"]
+    for row in sheet.claims.itertuples():
         mine = begins[(begins["worker"] == row.worker) & (begins["s"] <= row.s)]
         if len(mine):
-            begun = float(mine["s"].iloc[-1])
-            ax.broken_barh([(begun, row.s - begun)], (y[row.worker] - 0.06, 0.12), color="navy")
-            used.add("claim-tx")
+            begun, lane_y = float(mine["s"].iloc[-1]), sheet.y[row.worker]
+            sheet.ax.broken_barh([(begun, row.s - begun)], (lane_y - 0.06, 0.12), color="navy")
+            sheet.used.add("claim-tx")
 
-    # Holds: from the claim to whatever ended it.
+
+def _draw_holds(sheet: _Sheet, db: pd.DataFrame | None, lease: float | None) -> None:
+    """For each claim: a bar from the claim to whatever ended it, its lease (from the
+    database's deadlines ``db``, else estimated from ``lease``) and where that ran out
+    before the hold ended, and (when annotating) the claim's ``#job f=fence``."""
+    frame = sheet.frame
     crashed = {
         lane
         for w in frame.loc[frame["kind"] == "crash", "worker"]
-        for lane in _lanes_of(w, lanes[:clients])
+        for lane in _lanes_of(w, sheet.workers)
     }
-    for row in claims.itertuples():
+    for row in sheet.claims.itertuples():
         key = (int(row.job_id), int(row.fence))
         mine = frame[
             (frame["job_id"] == key[0]) & (frame["fence"] == key[1]) & (frame["s"] >= row.s)
         ]
         ends = mine[mine["kind"].isin(_ENDS) & (mine["worker"] == row.worker)]
-        reaped = mine[mine["kind"] == "reap"]
-        if len(ends):
-            stop, kind = float(ends["s"].iloc[0]), ends["kind"].iloc[0]
-            style = (
-                ("held, then refused", "tab:red", 0.25, "")
-                if kind in _REJECTED
-                else ("holding a job", "tab:blue", 0.3, "")
-            )
-        elif row.worker in crashed or len(reaped):
-            stop = float(reaped["s"].iloc[0]) if len(reaped) else end_s
-            style = ("lease held by a stopped worker", "0.55", 0.35, "///")
-        else:
-            stop, style = end_s, ("holding a job", "tab:blue", 0.3, "")
-        label, color, alpha, hatch = style
-        lane_y = y[row.worker]
-        ax.broken_barh(
-            [(row.s, max(stop - row.s, 1e-3))],
-            (lane_y - _BAR, 2 * _BAR),
-            facecolor=color,
-            alpha=alpha,
-            hatch=hatch,
-            edgecolor=color if hatch else "none",
-        )
-        labels.block(row.s, stop, lane_y - _BAR, lane_y + _BAR)
-        holds.setdefault(label, (color, alpha, hatch))
+        stop, style = _hold_end(sheet, row.worker in crashed, mine, ends)
+        lane_y = sheet.y[row.worker]
+        _draw_hold(sheet, row.s, stop, lane_y, style)
         expiry = None
         if db is not None:
             held = db[(db["job_id"] == key[0]) & (db["fence"] == key[1])]
-            if len(held):
-                first, expiry = float(held["set_s"].min()), float(held["until_s"].max())
-                band_end = min(expiry, stop)
-                ax.plot(
-                    [first, band_end],
-                    [lane_y + 0.22, lane_y + 0.22],
-                    color="tab:red",
-                    alpha=0.5,
-                    linewidth=1.5,
-                    solid_capstyle="butt",
-                )
-                labels.block(first, band_end, lane_y + 0.19, lane_y + 0.25)
-                used.add("lease-band")
+            expiry = _draw_lease_band(sheet, held, stop, lane_y)
         elif lease is not None:
             renewals = mine[
                 mine["kind"].isin(["claim", "heartbeat"]) & (mine["worker"] == row.worker)
             ]
             expiry = float(renewals["s"].max()) + lease
-        if expiry is not None and (expiry < stop - 1e-3 or (not len(ends) and expiry <= end_s)):
-            ax.plot(
-                [expiry, expiry],
-                [lane_y - 0.24, lane_y + 0.24],
-                color="tab:red",
-                linestyle=":",
-                linewidth=2,
-            )
-            labels.block_vline(expiry, lane_y - 0.24, lane_y + 0.24)
-            used.add("expiry")
-        if annotate:
-            labels.add(row.s, lane_y, f"#{key[0]} f={key[1]}", short=f"#{key[0]}", color="tab:blue")
+        if expiry is not None and (
+            expiry < stop - 1e-3 or (not len(ends) and expiry <= sheet.end_s)
+        ):
+            _draw_expiry(sheet, expiry, lane_y)
+        if sheet.annotate:
+            text, short = f"#{key[0]} f={key[1]}", f"#{key[0]}"
+            sheet.labels.add(row.s, lane_y, text, short=short, color="tab:blue")
 
-    # Point events, each under its mark.
+
+def _hold_end(
+    sheet: _Sheet, crashed: bool, mine: pd.DataFrame, ends: pd.DataFrame
+) -> tuple[float, _BarStyle]:
+    """When a hold stopped, and its bar's style: at its worker's first ending (refused or
+    not), else at the reap that took it back from a stopped worker, else at the end."""
+    reaped = mine[mine["kind"] == "reap"]
+    if len(ends):
+        stop, kind = float(ends["s"].iloc[0]), ends["kind"].iloc[0]
+        return stop, _REFUSED if kind in _REJECTED else _HELD
+    if crashed or len(reaped):
+        return (float(reaped["s"].iloc[0]) if len(reaped) else sheet.end_s), _STOPPED
+    return sheet.end_s, _HELD
+
+
+def _draw_hold(sheet: _Sheet, start: float, stop: float, lane_y: int, style: _BarStyle) -> None:
+    """The bar of one hold, from ``start`` to ``stop`` on its lane."""
+    label, color, alpha, hatch = style
+    sheet.ax.broken_barh(
+        [(start, max(stop - start, 1e-3))],
+        (lane_y - _BAR, 2 * _BAR),
+        facecolor=color,
+        alpha=alpha,
+        hatch=hatch,
+        edgecolor=color if hatch else "none",
+    )
+    sheet.labels.block(start, stop, lane_y - _BAR, lane_y + _BAR)
+    sheet.holds.setdefault(label, (color, alpha, hatch))
+
+
+def _draw_lease_band(sheet: _Sheet, held: pd.DataFrame, stop: float, lane_y: int) -> float | None:
+    """A thin line under the hold for its lease in the database; returns its deadline."""
+    if not len(held):
+        return None
+    first, expiry = float(held["set_s"].min()), float(held["until_s"].max())
+    band_end = min(expiry, stop)
+    sheet.ax.plot(
+        [first, band_end],
+        [lane_y + 0.22, lane_y + 0.22],
+        color="tab:red",
+        alpha=0.5,
+        linewidth=1.5,
+        solid_capstyle="butt",
+    )
+    sheet.labels.block(first, band_end, lane_y + 0.19, lane_y + 0.25)
+    sheet.used.add("lease-band")
+    return expiry
+
+
+def _draw_expiry(sheet: _Sheet, expiry: float, lane_y: int) -> None:
+    """A red dotted line where a lease ran out before its hold ended."""
+    top, bottom = lane_y - 0.24, lane_y + 0.24
+    sheet.ax.plot([expiry, expiry], [top, bottom], color="tab:red", linestyle=":", linewidth=2)
+    sheet.labels.block_vline(expiry, top, bottom)
+    sheet.used.add("expiry")
+
+
+def _draw_points(sheet: _Sheet, dead: Iterable[int], *, label_rejections: bool) -> None:
+    """Each point event under its mark (see ``_MARKS``), some labelled. ``dead``: ids of
+    jobs whose last fail sent them dead. Rejections are labelled here only when no storage
+    lane says it where the write lands (``label_rejections``)."""
+    frame = sheet.frame
     dead_ids = {int(i) for i in dead}
     fails = frame[(frame["kind"] == "fail") & frame["job_id"].isin(dead_ids)]
     last_fail = {int(j): i for j, i in zip(fails["job_id"], fails.index, strict=True)}
-
-    def mark(row: Any) -> str | None:
-        kind, detail = row.kind, str(row.detail or "")
-        if kind in _REJECTED:
-            return "rejected"
-        if kind == "lease-lost":
-            return "lease-ran-out" if detail == _LOCAL_EXPIRY else "lease-lost"
-        if kind == "fail":
-            if last_fail.get(int(row.job_id)) == row.Index:
-                return "dead"
-            return "timeout" if detail.startswith("TimeoutError") else "fail"
-        if kind == "reap":
-            return "dead" if detail == "dead" else "reap"
-        return kind if kind in _MARKS else None
-
     points: dict[str, tuple[list[float], list[float]]] = {}
     for row in frame.itertuples():
-        what = mark(row)
+        what = _mark_of(row, last_fail)
         if what is None:
             continue
-        if row.kind == "reap":
-            targets = [holder.get((int(row.job_id), int(row.fence)), "reaper")]
-        elif row.kind == "crash":
-            targets = _lanes_of(row.worker, lanes[:clients])
-        elif row.kind == "pause" or row.worker not in y:
-            continue
-        else:
-            targets = [row.worker]
-        for lane in targets:
+        for lane in _point_lanes(sheet, row):
             xs, ys = points.setdefault(what, ([], []))
             xs.append(row.s)
-            ys.append(y[lane])
-            if what == "rejected" and not stores:  # storage lanes say it where it lands
-                name = row.kind.removesuffix("-rejected").replace("fenced-write", "write")
-                labels.add(
-                    row.s,
-                    y[lane],
-                    f"{name} f={int(row.fence)} rejected",
-                    short="rejected",
-                    priority=0,
-                    color="red",
-                )
-            elif what == "unfenced-write":
-                labels.add(
-                    row.s,
-                    y[lane],
-                    f"write f={int(row.fence)} accepted, unchecked",
-                    short="unchecked",
-                    priority=0,
-                    color="darkorange",
-                )
-            elif what == "dead":
-                labels.add(row.s, y[lane], f"#{int(row.job_id)} dead", priority=1, side="below")
-            elif what == "reap" and annotate:
-                labels.add(row.s, y[lane], f"#{int(row.job_id)} back", priority=1, side="below")
-            elif what == "timeout":
-                labels.add(row.s, y[lane], "timed out", priority=1, side="below", color="tab:brown")
+            ys.append(sheet.y[lane])
+            _label_point(sheet, what, row, sheet.y[lane], label_rejections)
     for what, (xs, ys) in points.items():
-        _, style = _MARKS[what]
-        ax.scatter(
-            xs,
-            ys,
-            zorder=3,
-            linewidths=1.5 if what in ("heartbeat", "lease-ran-out") else None,
-            **style,
-        )
-        for x, lane_y in zip(xs, ys, strict=True):
-            labels.block_point(x, lane_y, style["s"] ** 0.5)
-        used.add(what)
+        _draw_marks(sheet, what, xs, ys)
 
-    # Storage lanes: the fence the database holds, and the writes that reach it.
-    left = min(0.0, float(frame["s"].min()) if len(frame) else 0.0)
-    if stores:
-        _draw_storage(ax, frame, stores, y, lanes[clients:], origin, left, end_s, labels)
-        ax.axhline(clients - 0.5, color="0.6", linewidth=0.8)
-        used.add("storage")
 
-    ax.set_yticks(range(len(lanes)), lanes)
-    ax.set_ylim(len(lanes) - 0.5, -0.6)  # first worker on top
-    ax.set_xlim(left=left, right=end_s * (1.25 if stores else 1.12) + 0.05)
+def _point_lanes(sheet: _Sheet, row: Any) -> list[str]:
+    """The lanes an event is marked on: a reap on the lane that held the job (or the
+    reaper's), a crash on each of its worker's lanes, anything else on its own lane."""
+    if row.kind == "reap":
+        return [sheet.holder.get((int(row.job_id), int(row.fence)), "reaper")]
+    if row.kind == "crash":
+        return _lanes_of(row.worker, sheet.workers)
+    if row.kind == "pause" or row.worker not in sheet.y:
+        return []
+    return [row.worker]
+
+
+def _label_point(sheet: _Sheet, what: str, row: Any, lane_y: int, label_rejections: bool) -> None:
+    """The words beside a point that needs them: refused and unchecked writes, a job gone
+    dead, a reap (when annotating), a handler's timeout."""
+    add = sheet.labels.add
+    if what == "rejected" and label_rejections:
+        name = row.kind.removesuffix("-rejected").replace("fenced-write", "write")
+        text = f"{name} f={int(row.fence)} rejected"
+        add(row.s, lane_y, text, short="rejected", priority=0, color="red")
+    elif what == "unfenced-write":
+        text = f"write f={int(row.fence)} accepted, unchecked"
+        add(row.s, lane_y, text, short="unchecked", priority=0, color="darkorange")
+    elif what == "dead":
+        add(row.s, lane_y, f"#{int(row.job_id)} dead", priority=1, side="below")
+    elif what == "reap" and sheet.annotate:
+        add(row.s, lane_y, f"#{int(row.job_id)} back", priority=1, side="below")
+    elif what == "timeout":
+        add(row.s, lane_y, "timed out", priority=1, side="below", color="tab:brown")
+
+
+def _draw_marks(sheet: _Sheet, what: str, xs: list[float], ys: list[float]) -> None:
+    """One kind of mark at every point it was put."""
+    _, style = _MARKS[what]
+    thick = what in ("heartbeat", "lease-ran-out")
+    sheet.ax.scatter(xs, ys, zorder=3, linewidths=1.5 if thick else None, **style)
+    for x, lane_y in zip(xs, ys, strict=True):
+        sheet.labels.block_point(x, lane_y, style["s"] ** 0.5)
+    sheet.used.add(what)
+
+
+def _draw_storage_lanes(
+    sheet: _Sheet, stores: Mapping[str, pd.DataFrame], origin: float, left: float
+) -> None:
+    """The storage lanes (see ``_draw_storage``), below a line under the workers' lanes."""
+    storage_lanes = sheet.lanes[sheet.clients :]
+    _draw_storage(
+        sheet.ax,
+        sheet.frame,
+        stores,
+        sheet.y,
+        storage_lanes,
+        origin,
+        left,
+        sheet.end_s,
+        sheet.labels,
+    )
+    sheet.ax.axhline(sheet.clients - 0.5, color="0.6", linewidth=0.8)
+    sheet.used.add("storage")
+
+
+def _set_axes(sheet: _Sheet, title: str, left: float, *, stored: bool) -> None:
+    """Ticks, limits (the first worker on top, room on the right for labels), the words."""
+    ax = sheet.ax
+    ax.set_yticks(range(len(sheet.lanes)), sheet.lanes)
+    ax.set_ylim(len(sheet.lanes) - 0.5, -0.6)  # first worker on top
+    ax.set_xlim(left=left, right=sheet.end_s * (1.25 if stored else 1.12) + 0.05)
     ax.set_xlabel("time since start (s)")
-    ax.set_ylabel("worker" if not stores else "worker / database")
+    ax.set_ylabel("worker" if not stored else "worker / database")
     ax.set_title(title)
     ax.grid(axis="x", alpha=0.3)
-    if legend:
-        handles: list[Any] = []
-        for label, (color, alpha, hatch) in holds.items():
+
+
+def _mark_of(row: Any, last_fail: Mapping[int, Any]) -> str | None:
+    """The mark (a key of ``_MARKS``) for an event, or None for an event drawn otherwise.
+    ``last_fail``: job id -> the index of its last fail, for jobs that died by failing."""
+    kind, detail = row.kind, str(row.detail or "")
+    if kind in _REJECTED:
+        return "rejected"
+    if kind == "lease-lost":
+        return "lease-ran-out" if detail == _LOCAL_EXPIRY else "lease-lost"
+    if kind == "fail":
+        if last_fail.get(int(row.job_id)) == row.Index:
+            return "dead"
+        return "timeout" if detail.startswith("TimeoutError") else "fail"
+    if kind == "reap":
+        return "dead" if detail == "dead" else "reap"
+    return kind if kind in _MARKS else None
+
+
+def _legend_handles(holds: Mapping[str, tuple[str, float, str]], used: set[str]) -> list[Any]:
+    """The legend's entries for what was drawn: hold bars, shadings, lease lines, marks,
+    and the storage lanes' fences and arrows."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles: list[Any] = []
+    for label, (color, alpha, hatch) in holds.items():
+        handles.append(
+            Patch(
+                facecolor=color,
+                alpha=alpha,
+                hatch=hatch,
+                edgecolor=color if hatch else "none",
+                label=label,
+            )
+        )
+    if "pause" in used:
+        handles.append(Patch(facecolor="0.8", alpha=0.6, label="worker paused"))
+    if "claim-tx" in used:
+        handles.append(Patch(facecolor="navy", label="claim transaction open"))
+    if "lock-wait" in used:
+        handles.append(
+            Patch(
+                facecolor="none",
+                edgecolor="tab:orange",
+                hatch="....",
+                linewidth=0,
+                label="waiting for a row lock",
+            )
+        )
+    if "lease-band" in used:
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color="tab:red",
+                alpha=0.5,
+                linewidth=1.5,
+                label="lease (lease_until, from the database)",
+            )
+        )
+    if "expiry" in used:
+        handles.append(
+            Line2D([], [], color="tab:red", linestyle=":", linewidth=2, label="lease runs out")
+        )
+    for kind, (label, style) in _MARKS.items():
+        if kind in used:
+            hollow = style.get("facecolors") == "none"
+            color = style.get("edgecolors") if hollow else style["color"]
             handles.append(
-                Patch(
-                    facecolor=color,
-                    alpha=alpha,
-                    hatch=hatch,
-                    edgecolor=color if hatch else "none",
+                Line2D(
+                    [],
+                    [],
+                    linestyle="",
+                    marker=style["marker"],
+                    color=color,
+                    markerfacecolor="none" if hollow else color,
+                    markersize=8 if kind != "dead" else 11,
                     label=label,
                 )
             )
-        if "pause" in used:
-            handles.append(Patch(facecolor="0.8", alpha=0.6, label="worker paused"))
-        if "claim-tx" in used:
-            handles.append(Patch(facecolor="navy", label="claim transaction open"))
-        if "lock-wait" in used:
-            handles.append(
-                Patch(
-                    facecolor="none",
-                    edgecolor="tab:orange",
-                    hatch="....",
-                    linewidth=0,
-                    label="waiting for a row lock",
-                )
-            )
-        if "lease-band" in used:
-            handles.append(
-                Line2D(
-                    [],
-                    [],
-                    color="tab:red",
-                    alpha=0.5,
-                    linewidth=1.5,
-                    label="lease (lease_until, from the database)",
-                )
-            )
-        if "expiry" in used:
-            handles.append(
-                Line2D([], [], color="tab:red", linestyle=":", linewidth=2, label="lease runs out")
-            )
-        for kind, (label, style) in _MARKS.items():
-            if kind in used:
-                hollow = style.get("facecolors") == "none"
-                color = style.get("edgecolors") if hollow else style["color"]
-                handles.append(
-                    Line2D(
-                        [],
-                        [],
-                        linestyle="",
-                        marker=style["marker"],
-                        color=color,
-                        markerfacecolor="none" if hollow else color,
-                        markersize=8 if kind != "dead" else 11,
-                        label=label,
-                    )
-                )
-        if "storage" in used:
-            handles += [
-                Line2D(
-                    [], [], color="0.45", linewidth=5, alpha=0.35, label="fence stored in the row"
-                ),
-                Line2D(
-                    [],
-                    [],
-                    color="tab:blue",
-                    marker=">",
-                    markersize=6,
-                    label="claim: new fence handed out",
-                ),
-                Line2D(
-                    [],
-                    [],
-                    color="tab:green",
-                    marker=">",
-                    markersize=6,
-                    label="write with the current fence",
-                ),
-                Line2D(
-                    [],
-                    [],
-                    color="red",
-                    marker=">",
-                    markersize=6,
-                    label="write with an old fence: refused",
-                ),
-            ]
-        ax.legend(
-            handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False
-        )
-    fig.tight_layout()
-    labels.place()
-    return fig
-
-
-def _count_lanes(frame: pd.DataFrame) -> int:
-    return frame.loc[frame["kind"] != "reap", "worker"].nunique()
+    if "storage" in used:
+        handles += [
+            Line2D([], [], color="0.45", linewidth=5, alpha=0.35, label="fence stored in the row"),
+            Line2D(
+                [],
+                [],
+                color="tab:blue",
+                marker=">",
+                markersize=6,
+                label="claim: new fence handed out",
+            ),
+            Line2D(
+                [],
+                [],
+                color="tab:green",
+                marker=">",
+                markersize=6,
+                label="write with the current fence",
+            ),
+            Line2D(
+                [],
+                [],
+                color="red",
+                marker=">",
+                markersize=6,
+                label="write with an old fence: refused",
+            ),
+        ]
+    return handles
