@@ -6,8 +6,9 @@ paused-client diagram in Kleppmann's "How to do distributed locking": you see wh
 which job with which fence, when a worker froze, when the reaper took a job back, and
 which late writes the database refused.
 
-This module is the notebooks' door: the timeline itself is drawn in ``timeline.py``, from
-the marks, lanes and storage lanes in ``plot_parts.py``.
+This module is the notebooks' door: the timeline itself is laid out and drawn step by step
+in ``timeline.py``, its bars in ``timeline_bars.py``, its storage lanes in
+``timeline_storage.py``, from the event kinds, marks and legend in ``plot_parts.py``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""The timelines' vocabulary: the event kinds and their marks, lanes, and the storage lanes."""
+"""The timelines' vocabulary: event kinds, their marks and legend, and the sheet drawn on."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..events import EventLog
@@ -80,112 +81,134 @@ def _lanes_of(worker: str, lanes: list[str]) -> list[str]:
     return [lane for lane in lanes if lane == worker or lane.startswith(worker + ".")]
 
 
-def _draw_storage(
-    ax: Axes,
-    frame: pd.DataFrame,
-    stores: Mapping[str, pd.DataFrame],
-    y: Mapping[str, int],
-    names: list[str],
-    origin: float,
-    left: float,
-    end_s: float,
-    labels: _Labels,
-) -> None:
-    """Each storage lane: the stored fence as labelled segments; each write an arrow from
-    its worker's lane to the row it reached, green when taken, red with ``1 < 2: refused``
-    when the stored fence turned it away; each claim an arrow handing out the new fence."""
-    right = end_s * 1.25 + 0.05
-    for name in names:
-        _draw_stored_fences(ax, stores[name].sort_values("t"), y[name], origin, left, right, labels)
-    targets = {kind: names[0] for kind in _JOB_WRITES} | {kind: names[-1] for kind in _SIDE_WRITES}
-    for row in frame[
-        frame["kind"].isin(list(targets)) & frame["worker"].isin(list(y))
-    ].itertuples():
-        store = targets[row.kind]
-        _draw_write(ax, row, y[row.worker], y[store], stores[store], origin, labels)
+def _mark_of(row: Any, last_fail: Mapping[int, Any]) -> str | None:
+    """The mark (a key of ``_MARKS``) for an event, or None for an event drawn otherwise.
+    ``last_fail``: job id -> the index of its last fail, for jobs that died by failing."""
+    kind, detail = row.kind, str(row.detail or "")
+    if kind in _REJECTED:
+        return "rejected"
+    if kind == "lease-lost":
+        return "lease-ran-out" if detail == _LOCAL_EXPIRY else "lease-lost"
+    if kind == "fail":
+        if last_fail.get(int(row.job_id)) == row.Index:
+            return "dead"
+        return "timeout" if detail.startswith("TimeoutError") else "fail"
+    if kind == "reap":
+        return "dead" if detail == "dead" else "reap"
+    return kind if kind in _MARKS else None
 
 
-def _draw_stored_fences(
-    ax: Axes,
-    store: pd.DataFrame,
-    lane_y: int,
-    origin: float,
-    left: float,
-    right: float,
-    labels: _Labels,
-) -> None:
-    """One storage lane: "no row yet" until the row exists, then a labelled segment for
-    each fence it held (``store``: its changes, sorted by time)."""
-    # A fence stored before the events begin is drawn from the left edge.
-    times = [max(float(t) - origin, left) for t in store["t"]]
-    if times and times[0] <= left + 0.03 * (right - left):
-        times[0] = left  # there from (about) the start
-    if not times or times[0] > left + 0.03 * (right - left):
-        start = times[0] if times else right
-        ax.plot([left, start], [lane_y, lane_y], color="0.6", linestyle="--", linewidth=1)
-        labels.add(left, lane_y, "no row yet", priority=0, color="0.35")
-    for i, (t, fence) in enumerate(zip(times, store["fence"], strict=True)):
-        stop = times[i + 1] if i + 1 < len(times) else right
-        ax.plot(
-            [t, stop],
-            [lane_y, lane_y],
-            color="0.45",
-            linewidth=5,
-            alpha=0.35,
-            solid_capstyle="butt",
+@dataclass
+class _Sheet:
+    """What the drawing steps share: the axes, the events, the lanes, what was drawn."""
+
+    ax: Axes
+    frame: pd.DataFrame  # the events drawn: the lanes' own, and every pause, crash and reap
+    claims: pd.DataFrame  # the claim events among them
+    lanes: list[str]  # the workers' lanes (then "reaper" if needed), then the storage lanes
+    y: dict[str, int]  # lane -> its row on the y axis
+    clients: int  # how many of the lanes are not storage lanes
+    holder: dict[tuple[int, int], str]  # (job id, fence) -> the lane that claimed it
+    end_s: float  # the last moment to draw, in seconds
+    annotate: bool  # label every claim with its #job f=fence
+    labels: _Labels
+    used: set[str] = field(default_factory=set)  # what the legend explains
+    holds: dict[str, tuple[str, float, str]] = field(default_factory=dict)  # label -> style
+
+    @property
+    def workers(self) -> list[str]:
+        """The lanes that are not storage lanes."""
+        return self.lanes[: self.clients]
+
+
+def _legend_handles(holds: Mapping[str, tuple[str, float, str]], used: set[str]) -> list[Any]:
+    """The legend's entries for what was drawn: hold bars, shadings, lease lines, marks,
+    and the storage lanes' fences and arrows."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles: list[Any] = []
+    for label, (color, alpha, hatch) in holds.items():
+        handles.append(
+            Patch(
+                facecolor=color,
+                alpha=alpha,
+                hatch=hatch,
+                edgecolor=color if hatch else "none",
+                label=label,
+            )
         )
-        ax.plot([t, t], [lane_y - 0.2, lane_y + 0.2], color="0.3", linewidth=1)
-        labels.block(t, stop, lane_y - 0.05, lane_y + 0.05)
-        labels.add(
-            t,
-            lane_y,
-            f"fence {int(fence)}",
-            short=f"f={int(fence)}",
-            priority=0,
-            stay_right=True,
-            color="0.15",
+    if "pause" in used:
+        handles.append(Patch(facecolor="0.8", alpha=0.6, label="worker paused"))
+    if "claim-tx" in used:
+        handles.append(Patch(facecolor="navy", label="claim transaction open"))
+    if "lock-wait" in used:
+        handles.append(
+            Patch(
+                facecolor="none",
+                edgecolor="tab:orange",
+                hatch="....",
+                linewidth=0,
+                label="waiting for a row lock",
+            )
         )
-
-
-def _draw_write(
-    ax: Axes,
-    row: Any,
-    worker_y: int,
-    store_y: int,
-    store: pd.DataFrame,
-    origin: float,
-    labels: _Labels,
-) -> None:
-    """One claim or write between a worker's lane and a storage lane: an arrow, and where
-    the write was refused an X with the fences compared (``1 < 2: refused``)."""
-    refused = row.kind in _REJECTED
-    color = "tab:blue" if row.kind == "claim" else "red" if refused else "tab:green"
-    tail, head = (store_y, worker_y) if row.kind == "claim" else (worker_y, store_y)
-    ax.annotate(
-        "",
-        xy=(row.s, head),
-        xytext=(row.s, tail),
-        arrowprops={
-            "arrowstyle": "-|>",
-            "color": color,
-            "lw": 1.2,
-            "alpha": 0.8,
-            "shrinkA": 6,
-            "shrinkB": 6,
-        },
-        zorder=1,
-    )
-    labels.block_vline(row.s, min(worker_y, store_y) + 0.2, max(worker_y, store_y) - 0.2)
-    if refused:
-        held = _stored_at(store, origin, row.s)
-        ticket = int(row.fence)
-        text = f"{ticket} < {held}: refused" if held is not None and ticket < held else "refused"
-        labels.add(row.s, store_y, text, short="refused", priority=0, color="red", side="below")
-        ax.scatter([row.s], [store_y], marker="X", color="red", s=60, zorder=3)
-        labels.block_point(row.s, store_y, 60**0.5)
-
-
-def _stored_at(store: pd.DataFrame, origin: float, s: float) -> int | None:
-    """The fence the row held at ``s`` seconds (None before the row existed)."""
-    before = store[store["t"] - origin <= s + 1e-3]
-    return None if not len(before) else int(before.sort_values("t")["fence"].iloc[-1])
+    if "lease-band" in used:
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color="tab:red",
+                alpha=0.5,
+                linewidth=1.5,
+                label="lease (lease_until, from the database)",
+            )
+        )
+    if "expiry" in used:
+        handles.append(
+            Line2D([], [], color="tab:red", linestyle=":", linewidth=2, label="lease runs out")
+        )
+    for kind, (label, style) in _MARKS.items():
+        if kind in used:
+            hollow = style.get("facecolors") == "none"
+            color = style.get("edgecolors") if hollow else style["color"]
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    linestyle="",
+                    marker=style["marker"],
+                    color=color,
+                    markerfacecolor="none" if hollow else color,
+                    markersize=8 if kind != "dead" else 11,
+                    label=label,
+                )
+            )
+    if "storage" in used:
+        handles += [
+            Line2D([], [], color="0.45", linewidth=5, alpha=0.35, label="fence stored in the row"),
+            Line2D(
+                [],
+                [],
+                color="tab:blue",
+                marker=">",
+                markersize=6,
+                label="claim: new fence handed out",
+            ),
+            Line2D(
+                [],
+                [],
+                color="tab:green",
+                marker=">",
+                markersize=6,
+                label="write with the current fence",
+            ),
+            Line2D(
+                [],
+                [],
+                color="red",
+                marker=">",
+                markersize=6,
+                label="write with an old fence: refused",
+            ),
+        ]
+    return handles

@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..events import EventLog
-from .labels import _BAR, _Labels
+from .labels import _Labels
 from .plot_parts import (
     _ENDS,
-    _LOCAL_EXPIRY,
     _MARKS,
-    _REJECTED,
-    _draw_storage,
     _lane_order,
     _lanes_of,
+    _legend_handles,
+    _mark_of,
+    _Sheet,
     as_frame,
 )
+from .timeline_bars import _draw_claim_transactions, _draw_holds, _draw_lock_waits, _draw_pauses
+from .timeline_storage import _draw_storage
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -30,34 +31,6 @@ _LANE_KINDS = {*_ENDS, "claim", "heartbeat", "lease-lost", "fenced-write"} | {
     "unfenced-write",
     "lock-wait",
 }
-# A hold bar's style: (legend label, color, alpha, hatch).
-_BarStyle = tuple[str, str, float, str]
-_HELD: _BarStyle = ("holding a job", "tab:blue", 0.3, "")
-_REFUSED: _BarStyle = ("held, then refused", "tab:red", 0.25, "")
-_STOPPED: _BarStyle = ("lease held by a stopped worker", "0.55", 0.35, "///")
-
-
-@dataclass
-class _Sheet:
-    """What the drawing steps share: the axes, the events, the lanes, what was drawn."""
-
-    ax: Axes
-    frame: pd.DataFrame  # the events drawn: the lanes' own, and every pause, crash and reap
-    claims: pd.DataFrame  # the claim events among them
-    lanes: list[str]  # the workers' lanes (then "reaper" if needed), then the storage lanes
-    y: dict[str, int]  # lane -> its row on the y axis
-    clients: int  # how many of the lanes are not storage lanes
-    holder: dict[tuple[int, int], str]  # (job id, fence) -> the lane that claimed it
-    end_s: float  # the last moment to draw, in seconds
-    annotate: bool  # label every claim with its #job f=fence
-    labels: _Labels
-    used: set[str] = field(default_factory=set)  # what the legend explains
-    holds: dict[str, tuple[str, float, str]] = field(default_factory=dict)  # label -> style
-
-    @property
-    def workers(self) -> list[str]:
-        """The lanes that are not storage lanes."""
-        return self.lanes[: self.clients]
 
 
 def timeline(
@@ -187,149 +160,6 @@ def _database_leases(leases: pd.DataFrame | None, origin: float) -> pd.DataFrame
     return leases.assign(set_s=leases["set_t"] - origin, until_s=leases["until_t"] - origin)
 
 
-def _draw_pauses(sheet: _Sheet) -> None:
-    """A shaded box over the paused worker's lanes, labelled with its length."""
-    for row in sheet.frame[sheet.frame["kind"] == "pause"].itertuples():
-        seconds = float(row.detail or 0)
-        for lane in _lanes_of(row.worker, sheet.workers):
-            lane_y = sheet.y[lane]
-            sheet.ax.broken_barh([(row.s, seconds)], (lane_y - 0.42, 0.84), color="0.8", alpha=0.6)
-            sheet.labels.keep(
-                sheet.ax.text(
-                    row.s + seconds / 2,
-                    lane_y - 0.35,
-                    f"paused {seconds:g} s",
-                    ha="center",
-                    va="center",
-                    fontsize=8,
-                    color="0.25",
-                )
-            )
-        sheet.end_s = max(sheet.end_s, row.s + seconds)
-        sheet.used.add("pause")
-
-
-def _draw_lock_waits(sheet: _Sheet) -> None:
-    """(lab.race) A dotted box where the claim's select stood in line behind other locks."""
-    for row in sheet.frame[sheet.frame["kind"] == "lock-wait"].itertuples():
-        if row.worker in sheet.y:
-            waited, lane_y = float(row.detail or 0), sheet.y[row.worker]
-            sheet.ax.broken_barh(
-                [(row.s - waited, waited)],
-                (lane_y - 0.14, 0.28),
-                facecolor="none",
-                edgecolor="tab:orange",
-                hatch="....",
-                linewidth=0,
-            )
-            sheet.labels.block(row.s - waited, row.s, lane_y - _BAR, lane_y + _BAR)
-            sheet.used.add("lock-wait")
-
-
-def _draw_claim_transactions(sheet: _Sheet) -> None:
-    """(lab.race) A thin bar from the claim's select returning to the claim's commit."""
-    begins = sheet.frame[sheet.frame["kind"] == "claim-begin"]
-    for row in sheet.claims.itertuples():
-        mine = begins[(begins["worker"] == row.worker) & (begins["s"] <= row.s)]
-        if len(mine):
-            begun, lane_y = float(mine["s"].iloc[-1]), sheet.y[row.worker]
-            sheet.ax.broken_barh([(begun, row.s - begun)], (lane_y - 0.06, 0.12), color="navy")
-            sheet.used.add("claim-tx")
-
-
-def _draw_holds(sheet: _Sheet, db: pd.DataFrame | None, lease: float | None) -> None:
-    """For each claim: a bar from the claim to whatever ended it, its lease (from the
-    database's deadlines ``db``, else estimated from ``lease``) and where that ran out
-    before the hold ended, and (when annotating) the claim's ``#job f=fence``."""
-    frame = sheet.frame
-    crashed = {
-        lane
-        for w in frame.loc[frame["kind"] == "crash", "worker"]
-        for lane in _lanes_of(w, sheet.workers)
-    }
-    for row in sheet.claims.itertuples():
-        key = (int(row.job_id), int(row.fence))
-        mine = frame[
-            (frame["job_id"] == key[0]) & (frame["fence"] == key[1]) & (frame["s"] >= row.s)
-        ]
-        ends = mine[mine["kind"].isin(_ENDS) & (mine["worker"] == row.worker)]
-        stop, style = _hold_end(sheet, row.worker in crashed, mine, ends)
-        lane_y = sheet.y[row.worker]
-        _draw_hold(sheet, row.s, stop, lane_y, style)
-        expiry = None
-        if db is not None:
-            held = db[(db["job_id"] == key[0]) & (db["fence"] == key[1])]
-            expiry = _draw_lease_band(sheet, held, stop, lane_y)
-        elif lease is not None:
-            renewals = mine[
-                mine["kind"].isin(["claim", "heartbeat"]) & (mine["worker"] == row.worker)
-            ]
-            expiry = float(renewals["s"].max()) + lease
-        if expiry is not None and (
-            expiry < stop - 1e-3 or (not len(ends) and expiry <= sheet.end_s)
-        ):
-            _draw_expiry(sheet, expiry, lane_y)
-        if sheet.annotate:
-            text, short = f"#{key[0]} f={key[1]}", f"#{key[0]}"
-            sheet.labels.add(row.s, lane_y, text, short=short, color="tab:blue")
-
-
-def _hold_end(
-    sheet: _Sheet, crashed: bool, mine: pd.DataFrame, ends: pd.DataFrame
-) -> tuple[float, _BarStyle]:
-    """When a hold stopped, and its bar's style: at its worker's first ending (refused or
-    not), else at the reap that took it back from a stopped worker, else at the end."""
-    reaped = mine[mine["kind"] == "reap"]
-    if len(ends):
-        stop, kind = float(ends["s"].iloc[0]), ends["kind"].iloc[0]
-        return stop, _REFUSED if kind in _REJECTED else _HELD
-    if crashed or len(reaped):
-        return (float(reaped["s"].iloc[0]) if len(reaped) else sheet.end_s), _STOPPED
-    return sheet.end_s, _HELD
-
-
-def _draw_hold(sheet: _Sheet, start: float, stop: float, lane_y: int, style: _BarStyle) -> None:
-    """The bar of one hold, from ``start`` to ``stop`` on its lane."""
-    label, color, alpha, hatch = style
-    sheet.ax.broken_barh(
-        [(start, max(stop - start, 1e-3))],
-        (lane_y - _BAR, 2 * _BAR),
-        facecolor=color,
-        alpha=alpha,
-        hatch=hatch,
-        edgecolor=color if hatch else "none",
-    )
-    sheet.labels.block(start, stop, lane_y - _BAR, lane_y + _BAR)
-    sheet.holds.setdefault(label, (color, alpha, hatch))
-
-
-def _draw_lease_band(sheet: _Sheet, held: pd.DataFrame, stop: float, lane_y: int) -> float | None:
-    """A thin line under the hold for its lease in the database; returns its deadline."""
-    if not len(held):
-        return None
-    first, expiry = float(held["set_s"].min()), float(held["until_s"].max())
-    band_end = min(expiry, stop)
-    sheet.ax.plot(
-        [first, band_end],
-        [lane_y + 0.22, lane_y + 0.22],
-        color="tab:red",
-        alpha=0.5,
-        linewidth=1.5,
-        solid_capstyle="butt",
-    )
-    sheet.labels.block(first, band_end, lane_y + 0.19, lane_y + 0.25)
-    sheet.used.add("lease-band")
-    return expiry
-
-
-def _draw_expiry(sheet: _Sheet, expiry: float, lane_y: int) -> None:
-    """A red dotted line where a lease ran out before its hold ended."""
-    top, bottom = lane_y - 0.24, lane_y + 0.24
-    sheet.ax.plot([expiry, expiry], [top, bottom], color="tab:red", linestyle=":", linewidth=2)
-    sheet.labels.block_vline(expiry, top, bottom)
-    sheet.used.add("expiry")
-
-
 def _draw_points(sheet: _Sheet, dead: Iterable[int], *, label_rejections: bool) -> None:
     """Each point event under its mark (see ``_MARKS``), some labelled. ``dead``: ids of
     jobs whose last fail sent them dead. Rejections are labelled here only when no storage
@@ -423,113 +253,3 @@ def _set_axes(sheet: _Sheet, title: str, left: float, *, stored: bool) -> None:
     ax.set_ylabel("worker" if not stored else "worker / database")
     ax.set_title(title)
     ax.grid(axis="x", alpha=0.3)
-
-
-def _mark_of(row: Any, last_fail: Mapping[int, Any]) -> str | None:
-    """The mark (a key of ``_MARKS``) for an event, or None for an event drawn otherwise.
-    ``last_fail``: job id -> the index of its last fail, for jobs that died by failing."""
-    kind, detail = row.kind, str(row.detail or "")
-    if kind in _REJECTED:
-        return "rejected"
-    if kind == "lease-lost":
-        return "lease-ran-out" if detail == _LOCAL_EXPIRY else "lease-lost"
-    if kind == "fail":
-        if last_fail.get(int(row.job_id)) == row.Index:
-            return "dead"
-        return "timeout" if detail.startswith("TimeoutError") else "fail"
-    if kind == "reap":
-        return "dead" if detail == "dead" else "reap"
-    return kind if kind in _MARKS else None
-
-
-def _legend_handles(holds: Mapping[str, tuple[str, float, str]], used: set[str]) -> list[Any]:
-    """The legend's entries for what was drawn: hold bars, shadings, lease lines, marks,
-    and the storage lanes' fences and arrows."""
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    handles: list[Any] = []
-    for label, (color, alpha, hatch) in holds.items():
-        handles.append(
-            Patch(
-                facecolor=color,
-                alpha=alpha,
-                hatch=hatch,
-                edgecolor=color if hatch else "none",
-                label=label,
-            )
-        )
-    if "pause" in used:
-        handles.append(Patch(facecolor="0.8", alpha=0.6, label="worker paused"))
-    if "claim-tx" in used:
-        handles.append(Patch(facecolor="navy", label="claim transaction open"))
-    if "lock-wait" in used:
-        handles.append(
-            Patch(
-                facecolor="none",
-                edgecolor="tab:orange",
-                hatch="....",
-                linewidth=0,
-                label="waiting for a row lock",
-            )
-        )
-    if "lease-band" in used:
-        handles.append(
-            Line2D(
-                [],
-                [],
-                color="tab:red",
-                alpha=0.5,
-                linewidth=1.5,
-                label="lease (lease_until, from the database)",
-            )
-        )
-    if "expiry" in used:
-        handles.append(
-            Line2D([], [], color="tab:red", linestyle=":", linewidth=2, label="lease runs out")
-        )
-    for kind, (label, style) in _MARKS.items():
-        if kind in used:
-            hollow = style.get("facecolors") == "none"
-            color = style.get("edgecolors") if hollow else style["color"]
-            handles.append(
-                Line2D(
-                    [],
-                    [],
-                    linestyle="",
-                    marker=style["marker"],
-                    color=color,
-                    markerfacecolor="none" if hollow else color,
-                    markersize=8 if kind != "dead" else 11,
-                    label=label,
-                )
-            )
-    if "storage" in used:
-        handles += [
-            Line2D([], [], color="0.45", linewidth=5, alpha=0.35, label="fence stored in the row"),
-            Line2D(
-                [],
-                [],
-                color="tab:blue",
-                marker=">",
-                markersize=6,
-                label="claim: new fence handed out",
-            ),
-            Line2D(
-                [],
-                [],
-                color="tab:green",
-                marker=">",
-                markersize=6,
-                label="write with the current fence",
-            ),
-            Line2D(
-                [],
-                [],
-                color="red",
-                marker=">",
-                markersize=6,
-                label="write with an old fence: refused",
-            ),
-        ]
-    return handles
