@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 _LABEL = {"fontsize": 8}
-_BAR = 0.14  # half the height of a hold bar, in lanes (plot.py draws the bars with it)
+_BAR = 0.14  # half the height of a hold bar, in lanes (timeline_bars.py draws the bars with it)
 
 
 class _Labels:
