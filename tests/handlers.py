@@ -3,7 +3,9 @@
 They take their instructions from the payload, so one handler serves many tests:
 - ``sleep``: how long the handler works (seconds) before it writes anything;
 - ``first_sleep``: extra seconds on the first attempt only (a job that hangs once);
-- ``report``: the id of the row of ``reports`` to write with the job's fence.
+- ``report``: the id of the row of ``reports`` to write with the job's fence;
+- ``started``: a file ``report`` creates as its handler begins (a test that freezes the
+  worker waits for it: frozen earlier, the worker skips the job, its lease gone, unrun).
 
 ``report`` writes to two side tables the test creates first:
 ``reports (id int PRIMARY KEY, body text, job_id bigint, fence bigint)`` through a
@@ -43,6 +45,8 @@ def fail(job: Job) -> None:
 def report(job: Job) -> None:
     """Sleep as the payload says, then write ``reports`` with the job's fence and log
     whether that write was accepted (a stale fence is refused by the database)."""
+    if "started" in job.payload:
+        open(job.payload["started"], "a").close()
     time.sleep(_seconds(job))
     report_id = int(job.payload.get("report", job.id))
     body = f"pid {os.getpid()} fence {job.fence}"

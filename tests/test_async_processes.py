@@ -64,6 +64,8 @@ async def overlap(job):
 
 async def report(job):
     """Await, then write reports with the job's fence and log whether it was accepted."""
+    if "started" in job.payload:
+        open(job.payload["started"], "a").close()
     await asyncio.sleep(_seconds(job))
     report_id = int(job.payload.get("report", job.id))
     body = f"pid {os.getpid()} fence {job.fence}"
@@ -176,16 +178,20 @@ def test_the_cli_runs_an_async_def_handler_with_the_async_worker(
 
 
 def test_sigstopped_async_worker_late_writes_are_rejected(
-    dsn: str, spawn_on: Callable[[str], Spawn]
+    dsn: str, spawn_on: Callable[[str], Spawn], tmp_path: Path
 ) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(SIDE_TABLES)
+    started = tmp_path / "handler-started"
     with Queue(dsn) as q:
-        job_id = q.enqueue({"report": 1, "first_sleep": 2.5}, queue="q")
+        job_id = q.enqueue({"report": 1, "first_sleep": 2.5, "started": str(started)}, queue="q")
     spawn = spawn_on(dsn)
 
     a = spawn("report", "A", *FAST)
     wait_for(lambda: job_state(dsn) == [("running", 1)], 30, "A's claim", a)
+    # Frozen between its claim and its handler, A would skip the job on waking (its lease
+    # ran out) and write nothing late: wait until the handler has begun.
+    wait_for(started.exists, 30, "A's handler to begin", a)
     a.signal(signal.SIGSTOP)  # frozen mid-handler: the whole loop, heartbeats included
     b = spawn("report", "B", *FAST)
     wait_for(lambda: job_state(dsn) == [("done", 2)], 30, "B finishing the job", a, b)

@@ -110,15 +110,19 @@ def job_state(dsn: str) -> list[tuple]:
     return rows(dsn, "SELECT status, fence FROM jobs")
 
 
-def test_sigstopped_worker_late_writes_are_rejected(dsn: str, spawn: Spawn) -> None:
+def test_sigstopped_worker_late_writes_are_rejected(dsn: str, spawn: Spawn, tmp_path: Path) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(SIDE_TABLES)
+    started = tmp_path / "handler-started"
     with Queue(dsn) as q:
-        job_id = q.enqueue({"report": 1, "first_sleep": 2.5}, queue="q")
+        job_id = q.enqueue({"report": 1, "first_sleep": 2.5, "started": str(started)}, queue="q")
     fast = ("--lease", "1", "--poll", "0.2", "--reap-interval", "0.3")
 
     a = spawn("report", "A", *fast)
     wait_for(lambda: job_state(dsn) == [("running", 1)], 30, "A's claim", a)
+    # Frozen between its claim and its handler, A would skip the job on waking (its lease
+    # ran out) and write nothing late: wait until the handler has begun.
+    wait_for(started.exists, 30, "A's handler to begin", a)
     a.signal(signal.SIGSTOP)  # frozen mid-handler: no heartbeats, no writes
     b = spawn("report", "B", *fast)
     wait_for(lambda: job_state(dsn) == [("done", 2)], 30, "B finishing the job", a, b)
