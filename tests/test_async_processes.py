@@ -309,11 +309,15 @@ def test_server_restart_mid_run_loses_no_async_job_and_listen_resumes(
     total = 40
     with Queue(dsn) as q:
         q.install()
-        q.enqueue_many([{"n": i, "sleep": 0.25} for i in range(total)], queue="q")
     poll = 60.0  # after the restart, only LISTEN (or a reconnect) can wake an idle worker
     options = ("--lease", "3", "--poll", str(poll), "--reap-interval", "0.5", "-c", "2")
     spawn = spawn_on(dsn)
     workers = [spawn("sleep", name, *options) for name in ("A", "B")]
+    # Both at work before the jobs come and the restart: a worker still starting when the
+    # server goes down fails fast and exits, and a late one could find the jobs all done.
+    wait_for(lambda: _listeners(dsn) == 2, 60, "both workers LISTENing", *workers)
+    with Queue(dsn) as q:
+        q.enqueue_many([{"n": i, "sleep": 0.25} for i in range(total)], queue="q")
     wait_for(lambda: _done(dsn) >= 4, 60, "a few jobs done", *workers)
     own_server.restart()
     assert 0 <= _done(dsn) < total, "the restart came too late to be mid-run"
