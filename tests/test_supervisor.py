@@ -218,11 +218,11 @@ def test_children_that_keep_dying_end_the_run(dsn: str, start: Start, tmp_path: 
     with Queue(dsn) as q:
         q.enqueue_many([{"n": i} for i in range(20)], queue="q")
     env = {"PYTHONPATH": str(tmp_path), "PGQUEUE_MAX_RESTARTS": "3"}
-    began = time.monotonic()
     run = start("dying:die", "--processes", "2", *FAST, env=env)
-    assert run.wait(20) == 1, run.stderr()
+    # It ends by itself (a deadline, not a timing: six child start-ups on a loaded machine
+    # can take a while); that it stopped restarting is in its last line, asserted below.
+    assert run.wait(60) == 1, run.stderr()
 
-    assert time.monotonic() - began < 20
     err = run.stderr()
     assert err.count("exited with code 3; restarting it") == 3
     last = err.strip().splitlines()[-1]
