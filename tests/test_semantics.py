@@ -152,7 +152,8 @@ def test_a_worker_on_several_queues_prefers_the_first_and_wakes_for_any(
     try:
         time.sleep(0.5)  # idle, polling every 30 s: only a notification can wake it
         queue.enqueue({}, queue="b")
-        wait_for(lambda: seen == ["b"], timeout=5, what="LISTEN to wake it for queue b")
+        # well within the 30 s poll: only a notification can have woken it so soon
+        wait_for(lambda: seen == ["b"], timeout=15, what="LISTEN to wake it for queue b")
     finally:
         worker.stop(grace=2)
     queue.enqueue_many([{}] * 3, queue="b")
