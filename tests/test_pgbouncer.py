@@ -406,13 +406,15 @@ def test_listen_dsn_wakes_a_worker_behind_pgbouncer(
     )
     wait_for(lambda: rows(empty_dsn, listening) == [(1,)], 30, "the worker's LISTEN")
     time.sleep(1.0)  # the lane's first claim (empty) is over: it now waits for a wake-up
-    wake = 2.0
+    # Well within the poll: after one poll the next is 30 s away, so three jobs in a row
+    # each started within WAKE s were woken by NOTIFY (WAKE leaves room for a loaded CI).
+    wake = poll / 3
     with Queue(via, pgbouncer=True) as q:
         for n in range(3):
             job = q.enqueue({"n": n}, queue="q")
             state = wait_for(
                 lambda job=job: (s := q.get(job)) is not None and s.status == "done" and s,
-                wake + 5,
+                poll / 2,
                 f"job {job} to be done",
             )
             waited = (state.started_at - state.run_at).total_seconds()
