@@ -323,7 +323,6 @@ def test_async_workers_drain_a_queue_each_job_done_once_with_concurrency(
     queue: Queue, dsn: str
 ) -> None:
     total = 120
-    queue.enqueue_many([{"n": i} for i in range(total)], queue="q")
     events = EventLog()
     ran: list[tuple[int, int]] = []
     running = {"now": 0, "most": 0}
@@ -340,6 +339,8 @@ def test_async_workers_drain_a_queue_each_job_done_once_with_concurrency(
             await worker(handler, dsn, name=f"w{i}", concurrency=10, batch=4, events=events).start()
             for i in range(2)
         ]
+        # The jobs come once both have started: w0 must not drain them while w1 connects.
+        queue.enqueue_many([{"n": i} for i in range(total)], queue="q")
         await until(lambda: statuses(dsn) == {"done": total}, what="all jobs done")
         for w in workers:
             await w.stop(grace=2)
