@@ -454,12 +454,16 @@ def test_reaper_returns_expired_jobs_and_leaves_live_ones(queue: Queue, dsn: str
     import time
 
     short, long = queue.enqueue({}, queue="q"), queue.enqueue({}, queue="q")
-    [a] = queue.claim("q", lease=0.2)
+    # A second of lease: the first reap below must come before it runs out (0.2 s could
+    # pass in the three round trips before it on a loaded machine).
+    [a] = queue.claim("q", lease=1.0)
     [b] = queue.claim("q", lease=60)
     assert {a.id, b.id} == {short, long}
     assert queue.reap() == []  # nothing has expired yet
-    time.sleep(0.4)
-    assert queue.reap() == [Reaped(a.id, "q", "ready", 1)]
+    deadline = time.monotonic() + 30
+    while not (reaped := queue.reap()) and time.monotonic() < deadline:
+        time.sleep(0.05)  # until a's lease runs out; the first reap to find one returns it
+    assert reaped == [Reaped(a.id, "q", "ready", 1)]
     row = job_row(dsn, a.id)
     assert (row["status"], row["lease_until"]) == ("ready", None)
     assert job_row(dsn, b.id)["status"] == "running"
