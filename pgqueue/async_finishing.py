@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from .async_job import AsyncJob, ConnectionPool
-from .async_keeper import Key, _Bell, _Held, _key, _Lanes, _Link
+from .async_keeper import _Bell, _Held, _Lanes, _Link
 from .async_queue import AsyncQueue
 from .errors import ConnectError, GiveUp, RetryAfter
 from .events import EventLog
 from .params import _text
-from .parts import _FINISH_TRIES, _Failure, describe, log
+from .parts import _FINISH_TRIES, Key, _Failure, _key, describe, log
 
 if TYPE_CHECKING:
     from .async_worker import AsyncHandler

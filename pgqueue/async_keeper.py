@@ -21,16 +21,10 @@ from .async_job import AsyncJob
 from .async_queue import AsyncQueue, async_connect
 from .errors import ConnectError
 from .events import EventLog
-from .parts import _DISCONNECTS, describe, log
+from .parts import _DISCONNECTS, Key, _key, describe, log
 
 if TYPE_CHECKING:
     from .async_worker import AsyncWorker
-
-Key = tuple[int, int]  # (job id, fence): one claim of one job
-
-
-def _key(job: AsyncJob) -> Key:
-    return (job.id, job.fence)
 
 
 class _Bell:

@@ -44,12 +44,12 @@ import psycopg
 
 from .async_finishing import _Finishing
 from .async_job import AsyncJob, ConnectionPool
-from .async_keeper import Key, _Batch, _Bell, _Held, _Keeping, _key, _Lanes, _Link
+from .async_keeper import _Batch, _Bell, _Held, _Keeping, _Lanes, _Link
 from .async_queue import AsyncQueue, async_connect
 from .db import describe_dsn
 from .errors import BadInput
 from .events import EventLog
-from .parts import _DISCONNECTS, _TaskRules, describe, log
+from .parts import _DISCONNECTS, Key, _key, _TaskRules, describe, log
 from .tasks import Tasks
 
 AsyncHandler = Callable[[AsyncJob], Awaitable[Any]]

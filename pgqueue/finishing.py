@@ -16,7 +16,7 @@ from .errors import ConnectError
 from .events import EventLog
 from .job import Job
 from .params import _text
-from .parts import _FINISH_TRIES, _Failure, _Held, _Lane, _Link, describe, log
+from .parts import _FINISH_TRIES, Key, _Failure, _Held, _key, _Lane, _Link, describe, log
 from .queue import Queue
 
 
@@ -25,8 +25,8 @@ class _Finishing:
 
     # State owned by Worker.__init__.
     _lock: threading.Lock
-    _in_flight: dict[int, _Held]
-    _finishing: set[int]
+    _in_flight: dict[Key, _Held]
+    _finishing: set[Key]
     _buffer: list[tuple[Job, float]]
     _halted: threading.Event
     events: EventLog
@@ -56,7 +56,7 @@ class _Finishing:
         lost (``tried``: an earlier statement may have committed), the row is read back to
         learn whether the write took effect."""
         with self._lock:
-            self._finishing.add(job.id)
+            self._finishing.add(_key(job))
         outcome = "gave-up"
         for attempt in range(_FINISH_TRIES):
             try:
@@ -126,7 +126,7 @@ class _Finishing:
 
     def _lane_of(self, job: Job) -> _Lane:
         with self._lock:
-            held = self._in_flight.get(job.id)
+            held = self._in_flight.get(_key(job))
         return held.lane if held else _Lane(self.name)
 
     def _settle(
@@ -138,9 +138,9 @@ class _Finishing:
         names: dict[int, str] = {}
         with self._lock:
             for job in jobs:
-                held = self._in_flight.pop(job.id, None)
+                held = self._in_flight.pop(_key(job), None)
                 names[job.id] = held.lane.name if held else lane.name
-                self._finishing.discard(job.id)
+                self._finishing.discard(_key(job))
             self.rejected += sum(o == "refused" for o in outcome.values())
             self.gave_up += sum(o == "gave-up" for o in outcome.values())
             if action == "complete":
@@ -198,8 +198,8 @@ class _Finishing:
         with self._lock:
             left = [h.job for h in self._in_flight.values() if h.lane is lane]
             for job in left:
-                del self._in_flight[job.id]
-                self._finishing.discard(job.id)
+                del self._in_flight[_key(job)]
+                self._finishing.discard(_key(job))
         for job in left:
             job.mark_lost()
             log.warning("%s: left job %s to its lease after %s", lane.name, job.id, why)

@@ -17,10 +17,12 @@ from .events import EventLog
 from .job import Job
 from .parts import (
     _DISCONNECTS,
+    Key,
     _Bell,
     _Failure,
     _Held,
     _is_setup_error,
+    _key,
     _Lane,
     _Link,
     describe,
@@ -34,8 +36,8 @@ class _Keeping:
 
     # State owned by Worker.__init__.
     _lock: threading.Lock
-    _in_flight: dict[int, _Held]
-    _finishing: set[int]
+    _in_flight: dict[Key, _Held]
+    _finishing: set[Key]
     _buffer: list[tuple[Job, float]]
     _bell: _Bell
     _stop: threading.Event
@@ -109,14 +111,14 @@ class _Keeping:
             held = [(h.job, h.lane) for h in self._in_flight.values() if not h.job.lost]
         if not held:
             return
-        lost = {job.id for job in queue.heartbeat_many([j for j, _ in held], lease=self.lease)}
+        lost = {_key(job) for job in queue.heartbeat_many([j for j, _ in held], lease=self.lease)}
         with self._lock:
             # A job finished meanwhile is not lost: its complete/fail event tells how it ended.
-            ended = {i for i in lost if i in self._finishing or i not in self._in_flight}
+            ended = {k for k in lost if k in self._finishing or k not in self._in_flight}
         for job, lane in held:
-            if job.id in ended:
+            if _key(job) in ended:
                 continue
-            if job.id in lost:
+            if _key(job) in lost:
                 self._record(lane.name, "lease-lost", job)
                 log.warning("%s: lost the lease on job %s (fence %s)", lane.name, job.id, job.fence)
             else:
@@ -130,7 +132,9 @@ class _Keeping:
             expired = [
                 h
                 for h in self._in_flight.values()
-                if now >= h.job.deadline and not h.expiry_seen and h.job.id not in self._finishing
+                if now >= h.job.deadline
+                and not h.expiry_seen
+                and _key(h.job) not in self._finishing
             ]
             for held in expired:
                 held.expiry_seen = True
@@ -154,7 +158,7 @@ class _Keeping:
                 if h.started is not None
                 and h.timeout is not None
                 and now - h.started > h.timeout
-                and h.job.id not in self._finishing
+                and _key(h.job) not in self._finishing
                 and not h.lane.retired
             ]
             victims: list[tuple[_Held, list[Job], _Lane | None]] = []
@@ -173,7 +177,7 @@ class _Keeping:
                 ]
                 for job in [held.job, *unstarted]:
                     job.mark_lost()  # under the lock: the old lane cannot start it now
-                    self._finishing.add(job.id)
+                    self._finishing.add(_key(job))
                 victims.append((held, unstarted, successor))
         for held, unstarted, successor in victims:
             lane, job = held.lane, held.job

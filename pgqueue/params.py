@@ -309,8 +309,8 @@ def _beat(job: Job, row: tuple[Any, ...] | None, deadline: float) -> bool:
 
 
 def _beat_many(jobs: Sequence[Job], kept_rows: list[tuple[Any, ...]], deadline: float) -> list[Job]:
-    kept = {r[0]: r[1:] for r in kept_rows}
-    return [job for job in jobs if not _beat(job, kept.get(job.id), deadline)]
+    kept = {(r[0], r[1]): r[2:] for r in kept_rows}  # by claim: (id, fence)
+    return [job for job in jobs if not _beat(job, kept.get((job.id, job.fence)), deadline)]
 
 
 def _ended(job: Job, took_effect: bool, status: str) -> bool:
@@ -323,8 +323,8 @@ def _ended(job: Job, took_effect: bool, status: str) -> bool:
 
 
 def _completed_many(jobs: Sequence[Job], done_rows: list[tuple[Any, ...]]) -> list[Job]:
-    done = {r[0] for r in done_rows}
-    return [job for job in jobs if not _ended(job, job.id in done, "done")]
+    done = {(r[0], r[1]) for r in done_rows}  # by claim: (id, fence)
+    return [job for job in jobs if not _ended(job, (job.id, job.fence) in done, "done")]
 
 
 def _fail_params(

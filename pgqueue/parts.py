@@ -94,6 +94,16 @@ class _Lane:
         return self.slot if self.generation == 1 else f"{self.slot}/{self.generation}"
 
 
+Key = tuple[int, int]  # (job id, fence): one claim of one job
+
+
+def _key(job: Job) -> Key:
+    """What a worker files a claim under. Not the id alone: a job failed with no backoff
+    can be claimed again by another lane of the same worker before the first claim's
+    bookkeeping is over, and the two claims must not be taken for one."""
+    return (job.id, job.fence)
+
+
 @dataclass(eq=False)
 class _Held:
     """A claimed job this worker has not finished: its lane, and when its handler began."""

@@ -41,10 +41,12 @@ from .job import Job
 from .keeper import _Keeping
 from .parts import (
     _DISCONNECTS,
+    Key,
     _Bell,
     _Failure,
     _Held,
     _is_setup_error,
+    _key,
     _Lane,
     _Link,
     _TaskRules,
@@ -133,8 +135,10 @@ class Worker(_TaskRules, _Finishing, _Keeping):
         self._halted = threading.Event()  # write nothing more, like a killed process
         self._abandoned = threading.Event()  # grace is over: stop heartbeating
         self._lock = threading.Lock()
-        self._in_flight: dict[int, _Held] = {}
-        self._finishing: set[int] = set()  # ids whose complete/fail/release is under way
+        # Claims by (job id, fence): a job failed with no backoff may be claimed again by
+        # another lane before this claim's bookkeeping is over.
+        self._in_flight: dict[Key, _Held] = {}
+        self._finishing: set[Key] = set()  # claims whose complete/fail/release is under way
         # Finished jobs whose completion waits to go out in one statement, with the time
         # each was added: flushed at the end of a lane's batch or by the keeper once the
         # oldest has waited flush_after (so a fast job is not held behind a slow sibling).
@@ -340,7 +344,7 @@ class Worker(_TaskRules, _Finishing, _Keeping):
         # Per batch, not per job: one lock, one recorder shared by the batch, one record call.
         with self._lock:
             for job in jobs:
-                self._in_flight[job.id] = _Held(job, lane)
+                self._in_flight[_key(job)] = _Held(job, lane)
         on_event = functools.partial(self._record, lane.name)
         for job in jobs:
             job.on_event = on_event
@@ -375,24 +379,26 @@ class Worker(_TaskRules, _Finishing, _Keeping):
     def _own_finish(self, job: Job) -> bool:
         """Take the right to finish ``job`` (the lane and the keeper's timeout must not
         both finish it); False if someone already did."""
+        key = _key(job)
         with self._lock:
-            if job.id not in self._in_flight or job.id in self._finishing:
+            if key not in self._in_flight or key in self._finishing:
                 return False
-            self._finishing.add(job.id)
+            self._finishing.add(key)
             return True
 
     def _begin(self, job: Job, lane: _Lane) -> bool:
         """Mark the job started, unless it was lost (taken over, or its lease ran out here)
         before its turn: running it then could run it twice."""
+        key = _key(job)
         with self._lock:
-            held = self._in_flight.get(job.id)
-            if held is None or job.id in self._finishing:
+            held = self._in_flight.get(key)
+            if held is None or key in self._finishing:
                 return False
             if not job.lost:
                 held.started = time.monotonic()
                 held.timeout = self._timeout_for(job)
                 return True
-            del self._in_flight[job.id]
+            del self._in_flight[key]
         self._record(lane.name, "skipped", job, "lease lost before it started")
         return False
 

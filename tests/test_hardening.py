@@ -420,3 +420,49 @@ def test_stop_does_not_wait_for_a_hung_handler_already_timed_out(
         assert statuses(dsn) == {"dead": 1}
     finally:
         hang_over.set()
+
+
+# -- a job claimed again by a sibling lane before the first claim's bookkeeping is over --
+class _SlowBookkeeping(Worker):
+    """A Worker that pauses before each bookkeeping step, as a thread preempted by a busy
+    machine between writing a job's row and forgetting the job would."""
+
+    def _settle(self, *args: Any, **kwargs: Any) -> None:
+        time.sleep(0.3)
+        super()._settle(*args, **kwargs)
+
+
+def test_a_failed_job_claimed_again_by_a_sibling_lane_is_run_not_dropped(
+    queue: Queue, dsn: str
+) -> None:
+    """With no backoff, a failed job is ready at once, and the worker's other lane may
+    claim it (fence 3) while the first lane is still filing the fail of fence 1. The two
+    claims are different claims: the second must run, be heartbeated and be completed, not
+    be taken for the first one (skipped, then forgotten, then reaped without running)."""
+    job_id = queue.enqueue({}, queue="q", max_attempts=2)
+    runs: list[tuple[int, int]] = []
+
+    def handler(job: Job) -> None:
+        runs.append((job.attempts, job.fence))
+        if job.attempts == 1:
+            raise ValueError("the first attempt fails")
+
+    worker = _SlowBookkeeping(
+        handler, queue="q", dsn=dsn, concurrency=2, lease=2.0, poll_interval=0.05, backoff=0
+    ).start()
+    try:
+        wait_for(lambda: worker.done + worker.dead == 1, 30, "the job's second attempt to end")
+    finally:
+        worker.stop(grace=2)
+    assert runs == [(1, 1), (2, 3)]  # claim 1, fail raised the fence to 2, claim 3
+    assert rows(dsn, "SELECT status, attempts, fence, last_error FROM jobs") == [
+        ("done", 2, 3, "ValueError: the first attempt fails")
+    ]
+    assert (worker.failed, worker.done, worker.rejected) == (1, 1, 0)
+    claims = {e.fence: e.worker for e in worker.events.events("claim")}
+    [fail] = worker.events.events("fail")
+    [done] = worker.events.events("complete")
+    # each ending is filed under the lane that held that claim
+    assert (fail.job_id, fail.fence, fail.worker) == (job_id, 1, claims[1])
+    assert (done.job_id, done.fence, done.worker) == (job_id, 3, claims[3])
+    assert worker.events.count("skipped") == 0

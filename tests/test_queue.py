@@ -394,6 +394,20 @@ def test_heartbeat_many_returns_only_the_lost(queue: Queue, dsn: str) -> None:
     assert kept == [(2,)]
 
 
+def test_many_statements_tell_two_claims_of_one_job_apart(queue: Queue) -> None:
+    """A worker may hold a stale claim (filing its fail) and a new claim of the same job at
+    once: the replies of heartbeat_many and complete_many are matched by (id, fence)."""
+    job_id = queue.enqueue({}, queue="q")
+    [old] = queue.claim("q", lease=30)
+    assert queue.fail(old, "ValueError: first attempt", backoff=0)
+    [new] = queue.claim("q", lease=30)
+    assert (old.id, new.id, old.fence, new.fence) == (job_id, job_id, 1, 3)
+    assert queue.heartbeat_many([old, new], lease=60) == [old]
+    assert not new.lost
+    assert queue.complete_many([old, new]) == [old]
+    assert new.status == "done"
+
+
 def test_complete_many_is_fenced_per_job(queue: Queue, dsn: str) -> None:
     queue.enqueue_many([{"n": i} for i in range(4)], queue="q")
     jobs = queue.claim("q", limit=4)

@@ -105,13 +105,13 @@ WHERE id = %(id)s AND fence = %(fence)s AND status = 'running'
 RETURNING lease_until;
 
 -- name: heartbeat_many
--- Extend many leases in one statement, with their new lease_until; the ids not returned
--- were lost.
+-- Extend many leases in one statement, with their new lease_until; the (id, fence) pairs
+-- not returned were lost.
 UPDATE jobs
 SET lease_until = now() + make_interval(secs => %(lease)s)
 FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS held(id, fence)
 WHERE jobs.id = held.id AND jobs.fence = held.fence AND jobs.status = 'running'
-RETURNING jobs.id, jobs.lease_until;
+RETURNING jobs.id, jobs.fence, jobs.lease_until;
 
 -- name: complete
 -- Mark one job done, only if the caller still holds its fence.
@@ -120,12 +120,12 @@ SET status = 'done', lease_until = NULL, finished_at = now()
 WHERE id = %(id)s AND fence = %(fence)s AND status = 'running';
 
 -- name: complete_many
--- Mark many jobs done in one fenced statement; returns the ids that took effect.
+-- Mark many jobs done in one fenced statement; returns the (id, fence) pairs that took effect.
 UPDATE jobs
 SET status = 'done', lease_until = NULL, finished_at = now()
 FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS held(id, fence)
 WHERE jobs.id = held.id AND jobs.fence = held.fence AND jobs.status = 'running'
-RETURNING jobs.id;
+RETURNING jobs.id, jobs.fence;
 
 -- name: fail
 -- Record an error; retry after %(delay)s seconds if given, else %(backoff)s * 2^attempts
