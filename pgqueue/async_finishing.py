@@ -18,7 +18,7 @@ import psycopg
 from .async_job import AsyncJob, ConnectionPool
 from .async_keeper import _Bell, _Held, _Lanes, _Link
 from .async_queue import AsyncQueue
-from .errors import ConnectError, GiveUp, RetryAfter
+from .errors import ConnectError, GiveUp, RetryAfter, retry_delay
 from .events import EventLog
 from .params import _text
 from .parts import _FINISH_TRIES, Key, _Failure, _key, describe, log
@@ -146,18 +146,13 @@ class _Finishing:
         except GiveUp as exc:
             failure = _Failure(describe(exc), give_up=True)
         except RetryAfter as exc:
-            failure = _Failure(describe(exc), delay=exc.seconds)
+            failure = _Failure(describe(exc), delay=retry_delay(exc))
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, CancelledError too
             failure = _Failure(describe(exc))
         conn, job.conn, job.borrow = job.conn, None, None
         if conn is not None and self._pool is not None and await self._pool.put(conn):
             failure = failure or _Failure("the handler left a transaction open; it was rolled back")
         return failure
-
-        try:
-            return self.tasks.for_job(job)
-        except LookupError:
-            return None
 
     # -- endings: complete, fail, release by fence -------------------------------------
     def _own_finish(self, held: _Held) -> bool:

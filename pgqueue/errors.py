@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+from datetime import timedelta
+
+MAX_RETRY_DELAY = 24 * 3600.0  # seconds: the longest delay fail's SQL takes (a day)
+
 
 class PgQueueError(Exception):
     """Base class: something pgqueue cannot do, with a one-line reason."""
@@ -33,9 +39,36 @@ class GiveUp(Exception):
 
 
 class RetryAfter(Exception):
-    """Raise from a handler to retry its job after ``seconds`` instead of the backoff (it
-    counts as an attempt, so ``max_attempts`` still bounds a job that keeps asking)."""
+    """Raise from a handler to retry its job after ``seconds`` (a number or a
+    ``timedelta``) instead of the backoff. It counts as an attempt, so ``max_attempts``
+    still bounds a job that keeps asking. A time already past (a negative delay) retries at
+    once; more than a day waits a day. Anything else is a ``TypeError`` or ``ValueError``
+    raised in the handler, which fails the job with that error (and the backoff)."""
 
-    def __init__(self, seconds: float, reason: str = "") -> None:
-        super().__init__(reason or f"retry after {seconds:g} s")
-        self.seconds = seconds
+    def __init__(self, seconds: float | timedelta, reason: str = "") -> None:
+        asked = _as_seconds(seconds)
+        self.seconds = min(max(asked, 0.0), MAX_RETRY_DELAY)
+        said = f"retry after {self.seconds:g} s"
+        if self.seconds != asked:
+            said += f" (asked for {asked:g} s)"
+        super().__init__(reason or said)
+
+
+def _as_seconds(seconds: object) -> float:
+    """A delay given as a number or a ``timedelta``, in seconds (not NaN)."""
+    if isinstance(seconds, timedelta):
+        seconds = seconds.total_seconds()
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
+        raise TypeError(f"RetryAfter takes seconds, a number or a timedelta; got {seconds!r}")
+    if math.isnan(seconds):
+        raise ValueError("RetryAfter takes seconds, a number or a timedelta; got NaN")
+    return float(seconds)
+
+
+def retry_delay(exc: RetryAfter) -> float | None:
+    """The delay a ``RetryAfter`` asks for, checked again from 0 to a day (its ``seconds``
+    may have been changed after it was made); None, so the backoff applies, if unusable."""
+    try:
+        return min(max(_as_seconds(exc.seconds), 0.0), MAX_RETRY_DELAY)
+    except (TypeError, ValueError):
+        return None

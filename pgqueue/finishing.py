@@ -87,7 +87,7 @@ class _Finishing:
                 )
                 time.sleep(0.05 * 2**attempt)
         error = failure.error if failure else ""
-        self._settle([job], lane, action, outcome={job.id: outcome}, error=error)
+        self._settle([job], lane, action, outcome={_key(job): outcome}, error=error)
 
     def _took_effect(self, queue: Queue, action: str, job: Job, error: str) -> bool:
         """After a retry, whether our earlier try committed although its reply was lost."""
@@ -115,13 +115,13 @@ class _Finishing:
             jobs = [job for job, _ in self._buffer]
             self._buffer = []
         try:
-            rejected = {j.id for j in link.get().complete_many(jobs)}
+            rejected = {_key(j) for j in link.get().complete_many(jobs)}
         except (psycopg.Error, ConnectError):
             link.drop()
             for job in jobs:  # one by one; the batch may have committed before the cut
                 self._finish(link, job, self._lane_of(job), "complete", tried=True)
             return
-        outcome = {j.id: "refused" if j.id in rejected else "ok" for j in jobs}
+        outcome = {_key(j): "refused" if _key(j) in rejected else "ok" for j in jobs}
         self._settle(jobs, self._lane_of(jobs[0]), "complete", outcome)
 
     def _lane_of(self, job: Job) -> _Lane:
@@ -130,16 +130,16 @@ class _Finishing:
         return held.lane if held else _Lane(self.name)
 
     def _settle(
-        self, jobs: list[Job], lane: _Lane, action: str, outcome: dict[int, str], error: str = ""
+        self, jobs: list[Job], lane: _Lane, action: str, outcome: dict[Key, str], error: str = ""
     ) -> None:
         """Forget finished ``jobs``, count them, record how each ended and log what needs a
         person's eyes (failures, refusals, give-ups): one lock and one record call a batch."""
-        ok = [j for j in jobs if outcome[j.id] == "ok"]
-        names: dict[int, str] = {}
+        ok = [j for j in jobs if outcome[_key(j)] == "ok"]
+        names: dict[Key, str] = {}
         with self._lock:
             for job in jobs:
                 held = self._in_flight.pop(_key(job), None)
-                names[job.id] = held.lane.name if held else lane.name
+                names[_key(job)] = held.lane.name if held else lane.name
                 self._finishing.discard(_key(job))
             self.rejected += sum(o == "refused" for o in outcome.values())
             self.gave_up += sum(o == "gave-up" for o in outcome.values())
@@ -151,28 +151,28 @@ class _Finishing:
         kinds = {"ok": action, "refused": f"{action}-rejected", "gave-up": "gave-up"}
         self.events.record_many(
             (
-                kinds[outcome[j.id]],
-                names[j.id],
+                kinds[outcome[_key(j)]],
+                names[_key(j)],
                 j.id,
                 j.fence,
-                error if outcome[j.id] == "ok" else action,
+                error if outcome[_key(j)] == "ok" else action,
             )
             for j in jobs
         )
         for job in jobs:
-            if outcome[job.id] == "refused":
+            if outcome[_key(job)] == "refused":
                 log.warning(
                     "%s: late %s of job %s refused: fence %s is stale (another holder has it)",
-                    names[job.id],
+                    names[_key(job)],
                     action,
                     job.id,
                     job.fence,
                 )
-            elif outcome[job.id] == "gave-up":
+            elif outcome[_key(job)] == "gave-up":
                 log.warning(
                     "%s: gave up on the %s of job %s after %d tries; its lease will run out "
                     "and the reaper will return it",
-                    names[job.id],
+                    names[_key(job)],
                     action,
                     job.id,
                     _FINISH_TRIES,
@@ -183,7 +183,7 @@ class _Finishing:
                 )
                 log.warning(
                     "%s: job %s (%s) failed, attempt %d of %d: %s; %s",
-                    names[job.id],
+                    names[_key(job)],
                     job.id,
                     job.queue,
                     job.attempts,

@@ -84,7 +84,8 @@ class _Keeping:
                         next_reap = now + self.reap_interval
                     self._expire()
                     self._time_out(link)
-                    self._flush(link, waited=self.flush_after)
+                    # Stopping: completions wait no longer (the grace may end before).
+                    self._flush(link, waited=0.0 if self._stop.is_set() else self.flush_after)
                 except BaseException as exc:  # the keeper must not die silently either
                     link.drop()
                     if _is_setup_error(exc):
@@ -103,8 +104,18 @@ class _Keeping:
                     time.sleep(min(wait, 0.05))  # stopping: keep beating for the grace period
                 else:
                     self._stop.wait(wait)
+            if not self._halted.is_set():
+                self._last_flush(link)
         finally:
             link.drop()
+
+    def _last_flush(self, link: _Link) -> None:
+        """Complete what is still buffered as the keeper leaves (a lane may have buffered a
+        job after the loop's last flush): a finished job must not wait for its lease."""
+        try:
+            self._flush(link)
+        except BaseException as exc:
+            log.error("%s: keeper: last flush failed: %s", self.name, describe(exc))
 
     def _heartbeat(self, queue: Queue) -> None:
         with self._lock:
@@ -182,8 +193,6 @@ class _Keeping:
         for held, unstarted, successor in victims:
             lane, job = held.lane, held.job
             self.timed_out += 1
-            if successor is not None:
-                self._start_lane(successor)
             log.warning(
                 "%s: job %s ran past the %gs timeout; failing it%s",
                 lane.name,
@@ -195,6 +204,10 @@ class _Keeping:
             self._finish(link, job, lane, "fail", _Failure(error))
             for sibling in unstarted:
                 self._finish(link, sibling, lane, "release")
+            # Started only now: its first claim must find the failed and released jobs
+            # (a burst worker whose new lane found nothing to claim would end the run).
+            if successor is not None:
+                self._start_lane(successor)
 
     def _reap(self, queue: Queue) -> None:
         reaped = queue.reap()

@@ -14,11 +14,11 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from .db import first_line
-from .errors import BadInput, NotInstalled, PgQueueError
+from .errors import MAX_RETRY_DELAY, BadInput, NotInstalled, PgQueueError
 from .job import Job
 
 MAX_LEASE = 7 * 24 * 3600.0  # seconds; longer leases are a mistake, not a choice
-MAX_BACKOFF = 24 * 3600.0  # seconds; the retry delay stops doubling here (see sql/queries.sql)
+MAX_BACKOFF = MAX_RETRY_DELAY  # seconds; the retry delay stops doubling here (sql/queries.sql)
 MAX_ATTEMPTS = 1_000_000  # keeps attempts and max_attempts far inside the int column
 MAX_PRIORITY = 1_000_000  # priorities are small whole numbers, from -MAX to +MAX
 MAX_AGE = 100 * 365 * 86400.0  # seconds; prune's older_than beyond this overflows timestamps

@@ -125,8 +125,12 @@ class _Failure:
 
 
 def describe(exc: BaseException) -> str:
-    """``Type: first line of the message``: what a job's ``last_error`` and logs say."""
-    text = first_line(exc) if str(exc).strip() else ""
+    """``Type: first line of the message``: what a job's ``last_error`` and logs say. Never
+    raises: an exception whose ``__str__`` itself fails is still named."""
+    try:
+        text = first_line(exc) if str(exc).strip() else ""
+    except BaseException:  # a user's __str__ can raise anything
+        text = "(its message could not be read: its __str__ raised)"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 

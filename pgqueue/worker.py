@@ -34,7 +34,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from .db import describe_dsn
-from .errors import BadInput, GiveUp, RetryAfter
+from .errors import BadInput, GiveUp, RetryAfter, retry_delay
 from .events import EventLog
 from .finishing import _Finishing
 from .job import Job
@@ -420,7 +420,7 @@ class Worker(_TaskRules, _Finishing, _Keeping):
         except GiveUp as exc:
             failure = _Failure(describe(exc), give_up=True)
         except RetryAfter as exc:
-            failure = _Failure(describe(exc), delay=exc.seconds)
+            failure = _Failure(describe(exc), delay=retry_delay(exc))
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, CancelledError too
             failure = _Failure(describe(exc))
         conn = queue.conn
@@ -434,8 +434,3 @@ class Worker(_TaskRules, _Finishing, _Keeping):
         except psycopg.Error:
             link.drop()  # in no state to reuse: the next statement opens a new connection
         return failure
-
-        try:
-            return self.tasks.for_job(job)
-        except LookupError:
-            return None

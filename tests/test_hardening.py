@@ -466,3 +466,203 @@ def test_a_failed_job_claimed_again_by_a_sibling_lane_is_run_not_dropped(
     assert (fail.job_id, fail.fence, fail.worker) == (job_id, 1, claims[1])
     assert (done.job_id, done.fence, done.worker) == (job_id, 3, claims[3])
     assert worker.events.count("skipped") == 0
+
+
+# -- RetryAfter with a delay already past, too long, or not a number ---------------------
+def test_retry_after_takes_a_timedelta_and_bounds_its_delay() -> None:
+    from datetime import timedelta
+
+    from pgqueue import RetryAfter
+
+    assert RetryAfter(timedelta(minutes=2)).seconds == 120.0
+    past = RetryAfter(-3.5)  # a reset time that has already passed: retry at once
+    assert past.seconds == 0.0 and str(past) == "retry after 0 s (asked for -3.5 s)"
+    assert RetryAfter(3 * 86400).seconds == 86400.0  # at most a day, as the backoff
+    assert str(RetryAfter(30, "rate limited")) == "rate limited"
+    for bad, error in (("soon", TypeError), (True, TypeError), (float("nan"), ValueError)):
+        with pytest.raises(error, match="RetryAfter takes seconds"):
+            RetryAfter(bad)  # type: ignore[arg-type]
+
+
+def test_a_retry_after_of_any_delay_retries_its_job_and_the_worker_stays_up(
+    queue: Queue, dsn: str
+) -> None:
+    """A RetryAfter whose delay fail's SQL would refuse (negative, over a day) once escaped
+    the lane, left its job running and stopped the whole worker. Now each job is retried
+    as asked, within bounds, and a RetryAfter that cannot be made fails its job instead."""
+    from datetime import timedelta
+
+    from pgqueue import RetryAfter
+
+    asks: dict[str, Any] = {
+        "past": -0.5,
+        "two days": 2 * 86400.0,
+        "timedelta": timedelta(seconds=0),
+        "not a number": "soon",
+    }
+    ids = {name: queue.enqueue({"ask": name}, queue="q", max_attempts=2) for name in asks}
+
+    def handler(job: Job) -> None:
+        if job.attempts == 1:
+            raise RetryAfter(asks[job.payload["ask"]])
+
+    worker = Worker(handler, queue="q", dsn=dsn, concurrency=2, poll_interval=0.05, backoff=0)
+    worker.start()
+    try:
+        wait_for(lambda: worker.failed == 4 and worker.done == 3, 30, "3 retries done")
+    finally:
+        worker.stop(grace=2)
+    assert worker.error is None and worker.gave_up == 0
+    found = {
+        i: (status, error, float(wait))
+        for i, status, error, wait in rows(
+            dsn, "SELECT id, status, last_error, extract(epoch FROM run_at - now()) FROM jobs"
+        )
+    }
+    assert found[ids["past"]][:2] == ("done", "RetryAfter: retry after 0 s (asked for -0.5 s)")
+    assert found[ids["timedelta"]][:2] == ("done", "RetryAfter: retry after 0 s")
+    status, error, wait = found[ids["two days"]]
+    assert (status, error) == ("ready", "RetryAfter: retry after 86400 s (asked for 172800 s)")
+    assert 86000 < wait <= 86400
+    status, error, _ = found[ids["not a number"]]  # failed by its TypeError, then retried
+    assert status == "done" and error.startswith("TypeError: RetryAfter takes seconds")
+
+
+# -- an exception whose __str__ raises ----------------------------------------------------
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        return f"status {self.status}"  # type: ignore[attr-defined]  # never set
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_an_exception_that_cannot_be_printed_still_fails_its_job(
+    queue: Queue, dsn: str, asynchronous: bool
+) -> None:
+    """Its message cannot be read, but the job is failed at once with its type named, not
+    left to its lease (where each attempt would cost a whole lease and end as a reap)."""
+    job_id = queue.enqueue({}, queue="q", max_attempts=1)
+    expected = "_Unprintable: (its message could not be read: its __str__ raised)"
+    if asynchronous:
+        from pgqueue import AsyncWorker
+
+        async def handle(job: Job) -> None:
+            raise _Unprintable()
+
+        async def main() -> None:
+            w = await AsyncWorker(handle, queue="q", dsn=dsn, lease=30, poll_interval=0.05).start()
+            try:
+                for _ in range(400):
+                    if w.dead == 1:
+                        break
+                    await asyncio.sleep(0.05)
+            finally:
+                await w.stop(grace=2)
+
+        asyncio.run(main())
+    else:
+
+        def handler(job: Job) -> None:
+            raise _Unprintable()
+
+        worker = Worker(handler, queue="q", dsn=dsn, lease=30, poll_interval=0.05).start()
+        try:
+            wait_for(lambda: worker.dead == 1, 20, "the job to be failed")
+        finally:
+            worker.stop(grace=2)
+    assert rows(dsn, "SELECT id, status, last_error FROM jobs") == [(job_id, "dead", expected)]
+
+
+# -- graceful stop: a finished job's buffered completion is not left to its lease ---------
+def test_a_graceful_stop_completes_buffered_jobs_even_when_a_sibling_outlives_the_grace(
+    queue: Queue, dsn: str
+) -> None:
+    """A batch [fast, slow]: fast's completion waits in the buffer for the batch's end or
+    flush_after (5 s here), slow outlives the stop's grace. The keeper must not leave with
+    fast still buffered: its handler succeeded, so it must not run again."""
+    queue.enqueue_many([{"kind": "fast"}, {"kind": "slow"}], queue="q")
+    slow_started, release = threading.Event(), threading.Event()
+
+    def handler(job: Job) -> None:
+        if job.payload["kind"] == "slow":
+            slow_started.set()
+            release.wait(10)  # runs past the stop's grace
+
+    worker = Worker(
+        handler, queue="q", dsn=dsn, lease=5.0, poll_interval=0.1, batch=2, flush_after=5.0
+    ).start()
+    try:
+        assert slow_started.wait(20)
+        wait_for(lambda: len(worker._buffer) == 1, 10, "fast's completion to be buffered")
+        worker.stop(grace=0.5)
+        wait_for(lambda: worker.done == 1, 10, "fast's completion to be counted")
+        assert dict(rows(dsn, "SELECT payload->>'kind', status FROM jobs")) == {
+            "fast": "done",
+            "slow": "running",  # still in its handler: its lease decides
+        }
+    finally:
+        release.set()
+
+
+# -- burst mode with a timeout: the run does not end with the timed-out job left over -----
+def test_a_burst_run_retries_a_timed_out_job_before_it_ends(queue: Queue, dsn: str) -> None:
+    """The timed-out lane's successor used to start before the keeper had filed the fail,
+    so it found nothing to claim (the job was still running) and ended the burst run,
+    leaving the job ready with nobody to run it."""
+    job_id = queue.enqueue({}, queue="q", max_attempts=3)
+    gate = threading.Event()
+
+    def handler(job: Job) -> None:
+        if job.attempts == 1:
+            gate.wait(10)  # hangs past the timeout on its first attempt
+
+    worker = Worker(
+        handler,
+        queue="q",
+        dsn=dsn,
+        lease=5.0,
+        poll_interval=0.1,
+        backoff=0,
+        timeout=0.5,
+        burst=True,
+    ).start()
+    try:
+        worker.join(30)
+        assert not worker._working(), "the burst run did not end"
+    finally:
+        worker.stop(grace=1)
+        gate.set()
+    assert rows(dsn, "SELECT id, status, attempts FROM jobs") == [(job_id, "done", 2)]
+    assert (worker.timed_out, worker.done) == (1, 1)
+
+
+# -- a flush files each claim's answer under that claim ----------------------------------
+def test_a_flush_with_two_claims_of_one_job_counts_the_accepted_one_as_done(
+    queue: Queue, dsn: str
+) -> None:
+    """Two claims of one job can sit in the completion buffer together: the first's lease
+    ran out while it waited there, and another lane ran the job again. complete_many
+    refuses the first and accepts the second; the worker must file the answers by claim,
+    not call both refused. (Driven through the worker's own buffer and flush.)"""
+    from pgqueue.parts import _Lane, _Link
+
+    job_id = queue.enqueue({}, queue="q")
+    [old] = queue.claim("q", lease=30)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE jobs SET lease_until = now() - interval '1 s'")
+    assert [r.id for r in queue.reap()] == [job_id]
+    [new] = queue.claim("q", lease=30)
+    worker = Worker(lambda job: None, queue="q", dsn=dsn)  # not started: its bookkeeping only
+    first, second = _Lane("w.1"), _Lane("w.2")
+    worker._take([old], first)
+    worker._take([new], second)
+    worker._buffer = [(old, time.monotonic()), (new, time.monotonic())]
+    link = _Link(worker)
+    try:
+        worker._flush(link)
+    finally:
+        link.drop()
+    assert rows(dsn, "SELECT status, fence FROM jobs") == [("done", 2)]
+    assert (worker.done, worker.rejected) == (1, 1)
+    ends = [(e.kind, e.fence, e.worker) for e in worker.events.events() if e.kind != "claim"]
+    assert sorted(ends) == [("complete", 2, "w.2"), ("complete-rejected", 1, "w.1")]
+    assert not worker._in_flight and not worker._finishing
