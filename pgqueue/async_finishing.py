@@ -21,7 +21,7 @@ from .async_queue import AsyncQueue
 from .errors import ConnectError, GiveUp, RetryAfter, retry_delay
 from .events import EventLog
 from .params import _text
-from .parts import _FINISH_TRIES, Key, _Failure, _key, describe, log
+from .parts import _FINISH_TRIES, Key, _Failure, _key, describe, end_kind, log, log_end
 
 if TYPE_CHECKING:
     from .async_worker import AsyncHandler
@@ -279,50 +279,10 @@ class _Finishing:
         for held in helds:
             self._drop(held)
         ends = [(held, outcome[_key(held.job)]) for held in helds]
-        ok = [held.job for held, end in ends if end == "ok"]
-        self.rejected += sum(end == "refused" for _, end in ends)
-        self.gave_up += sum(end == "gave-up" for _, end in ends)
-        if action == "complete":
-            self.done += len(ok)
-        elif action == "fail":
-            self.failed += len(ok)
-            self.dead += sum(job.status == "dead" for job in ok)
-        kinds = {"ok": action, "refused": f"{action}-rejected", "gave-up": "gave-up"}
+        self._tally(action, [(held.job, end) for held, end in ends])
         self.events.record_many(
-            (kinds[end], h.lane, h.job.id, h.job.fence, error if end == "ok" else action)
+            (end_kind(action, end), h.lane, h.job.id, h.job.fence, error if end == "ok" else action)
             for h, end in ends
         )
         for held, end in ends:
-            self._log_end(held, action, end, error)
-
-    def _log_end(self, held: _Held, action: str, end: str, error: str) -> None:
-        job = held.job
-        if end == "refused":
-            log.warning(
-                "%s: late %s of job %s refused: fence %s is stale (another holder has it)",
-                held.lane,
-                action,
-                job.id,
-                job.fence,
-            )
-        elif end == "gave-up":
-            log.warning(
-                "%s: gave up on the %s of job %s after %d tries; its lease will run out "
-                "and the reaper will return it",
-                held.lane,
-                action,
-                job.id,
-                _FINISH_TRIES,
-            )
-        elif action == "fail":
-            then = "now dead" if job.status == "dead" else f"retry in {job.retry_in or 0.0:.1f}s"
-            log.warning(
-                "%s: job %s (%s) failed, attempt %d of %d: %s; %s",
-                held.lane,
-                job.id,
-                job.queue,
-                job.attempts,
-                job.max_attempts,
-                error.splitlines()[0] if error else "",
-                then,
-            )
+            log_end(held.lane, held.job, action, end, error)

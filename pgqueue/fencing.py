@@ -25,6 +25,7 @@ Table and column names come from the caller and are composed with
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cache
 from typing import Any, NamedTuple
 
 import psycopg
@@ -239,6 +240,7 @@ def compose(
     )
 
 
+@cache
 def _holds() -> sql.Composed:
     """The ``holds`` statement of ``sql/queries.sql`` (its comments left out), to nest in
     a write's ``EXISTS (...)``."""

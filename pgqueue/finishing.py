@@ -16,7 +16,19 @@ from .errors import ConnectError
 from .events import EventLog
 from .job import Job
 from .params import _text
-from .parts import _FINISH_TRIES, Key, _Failure, _Held, _key, _Lane, _Link, describe, log
+from .parts import (
+    _FINISH_TRIES,
+    Key,
+    _Failure,
+    _Held,
+    _key,
+    _Lane,
+    _Link,
+    describe,
+    end_kind,
+    log,
+    log_end,
+)
 from .queue import Queue
 
 
@@ -134,63 +146,20 @@ class _Finishing:
     ) -> None:
         """Forget finished ``jobs``, count them, record how each ended and log what needs a
         person's eyes (failures, refusals, give-ups): one lock and one record call a batch."""
-        ok = [j for j in jobs if outcome[_key(j)] == "ok"]
+        ends = [(job, outcome[_key(job)]) for job in jobs]
         names: dict[Key, str] = {}
         with self._lock:
             for job in jobs:
                 held = self._in_flight.pop(_key(job), None)
                 names[_key(job)] = held.lane.name if held else lane.name
                 self._finishing.discard(_key(job))
-            self.rejected += sum(o == "refused" for o in outcome.values())
-            self.gave_up += sum(o == "gave-up" for o in outcome.values())
-            if action == "complete":
-                self.done += len(ok)
-            elif action == "fail":
-                self.failed += len(ok)
-                self.dead += sum(j.status == "dead" for j in ok)
-        kinds = {"ok": action, "refused": f"{action}-rejected", "gave-up": "gave-up"}
+            self._tally(action, ends)
         self.events.record_many(
-            (
-                kinds[outcome[_key(j)]],
-                names[_key(j)],
-                j.id,
-                j.fence,
-                error if outcome[_key(j)] == "ok" else action,
-            )
-            for j in jobs
+            (end_kind(action, end), names[_key(j)], j.id, j.fence, error if end == "ok" else action)
+            for j, end in ends
         )
-        for job in jobs:
-            if outcome[_key(job)] == "refused":
-                log.warning(
-                    "%s: late %s of job %s refused: fence %s is stale (another holder has it)",
-                    names[_key(job)],
-                    action,
-                    job.id,
-                    job.fence,
-                )
-            elif outcome[_key(job)] == "gave-up":
-                log.warning(
-                    "%s: gave up on the %s of job %s after %d tries; its lease will run out "
-                    "and the reaper will return it",
-                    names[_key(job)],
-                    action,
-                    job.id,
-                    _FINISH_TRIES,
-                )
-            elif action == "fail":
-                then = (
-                    "now dead" if job.status == "dead" else f"retry in {job.retry_in or 0.0:.1f}s"
-                )
-                log.warning(
-                    "%s: job %s (%s) failed, attempt %d of %d: %s; %s",
-                    names[_key(job)],
-                    job.id,
-                    job.queue,
-                    job.attempts,
-                    job.max_attempts,
-                    error.splitlines()[0] if error else "",
-                    then,
-                )
+        for job, end in ends:
+            log_end(names[_key(job)], job, action, end, error)
 
     def _forget_lane(self, lane: _Lane, why: str) -> None:
         """Stop heartbeating a lane's unfinished jobs: their leases run out and the reaper

@@ -124,6 +124,44 @@ class _Failure:
     give_up: bool = False  # GiveUp
 
 
+def end_kind(action: str, end: str) -> str:
+    """The event a finished job records: its action, the action refused, or a give-up."""
+    return {"ok": action, "refused": f"{action}-rejected", "gave-up": "gave-up"}[end]
+
+
+def log_end(lane: str, job: Job, action: str, end: str, error: str) -> None:
+    """Log what needs a person's eyes: a refused write, a give-up, a failed attempt."""
+    if end == "refused":
+        log.warning(
+            "%s: late %s of job %s refused: fence %s is stale (another holder has it)",
+            lane,
+            action,
+            job.id,
+            job.fence,
+        )
+    elif end == "gave-up":
+        log.warning(
+            "%s: gave up on the %s of job %s after %d tries; its lease will run out "
+            "and the reaper will return it",
+            lane,
+            action,
+            job.id,
+            _FINISH_TRIES,
+        )
+    elif action == "fail":
+        then = "now dead" if job.status == "dead" else f"retry in {job.retry_in or 0.0:.1f}s"
+        log.warning(
+            "%s: job %s (%s) failed, attempt %d of %d: %s; %s",
+            lane,
+            job.id,
+            job.queue,
+            job.attempts,
+            job.max_attempts,
+            error.splitlines()[0] if error else "",
+            then,
+        )
+
+
 def describe(exc: BaseException) -> str:
     """``Type: first line of the message``: what a job's ``last_error`` and logs say. Never
     raises: an exception whose ``__str__`` itself fails is still named."""
@@ -216,6 +254,18 @@ class _TaskRules:
         self.timed_out = 0  # handlers failed for running past ``timeout``
         self.rejected = 0  # late writes the database refused (someone else holds the job)
         self.gave_up = 0  # writes given up after retries (the lease runs out; reaper returns)
+
+    def _tally(self, action: str, ends: Sequence[tuple[Job, str]]) -> None:
+        """Count finished jobs by how each ended ('ok', 'refused', 'gave-up'); the threaded
+        Worker calls it under its lock."""
+        self.rejected += sum(end == "refused" for _, end in ends)
+        self.gave_up += sum(end == "gave-up" for _, end in ends)
+        ok = [job for job, end in ends if end == "ok"]
+        if action == "complete":
+            self.done += len(ok)
+        elif action == "fail":
+            self.failed += len(ok)
+            self.dead += sum(job.status == "dead" for job in ok)
 
     def _timeout_for(self, job: Job) -> float | None:
         task = self._task_of(job)
