@@ -12,13 +12,11 @@ each get one of their own: an ``AsyncConnection`` runs one statement at a time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg.pq import TransactionStatus
 
 from .errors import LeaseLost
 from .fencing import async_fenced_write
@@ -82,58 +80,3 @@ class AsyncJob(Job):
             check_lease=True,
         )
         return self._wrote(took_effect)
-
-
-class ConnectionPool:
-    """The connections an AsyncWorker lends its handlers: at most ``size`` at once, opened
-    with ``connect`` on first use and kept for the next handler; one that a handler broke
-    or closed is thrown away. (A minimal pool: psycopg_pool is not a dependency.)"""
-
-    def __init__(self, size: int, connect: Borrow) -> None:
-        self._connect = connect
-        self._idle: list[psycopg.AsyncConnection] = []
-        self._slots = asyncio.Semaphore(size)
-        self.closed = False
-
-    async def get(self) -> psycopg.AsyncConnection:
-        """A connection of the pool's, waiting while ``size`` are lent."""
-        await self._slots.acquire()
-        try:
-            while self._idle:
-                conn = self._idle.pop()
-                if not (conn.closed or conn.broken):
-                    return conn
-            return await self._connect()
-        except BaseException:
-            self._slots.release()
-            raise
-
-    async def put(self, conn: psycopg.AsyncConnection) -> bool:
-        """Take a connection back; True if it was left in a transaction (rolled back now:
-        no worker session stays idle in a transaction)."""
-        left_open = keep = False
-        try:
-            if not (conn.closed or conn.broken):
-                status = conn.info.transaction_status
-                if status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
-                    left_open = True
-                    await conn.rollback()
-                keep = conn.info.transaction_status == TransactionStatus.IDLE
-        except psycopg.Error:
-            keep = False
-        finally:
-            self._slots.release()
-        if keep and not self.closed:
-            self._idle.append(conn)
-        else:
-            with contextlib.suppress(Exception):
-                await conn.close()
-        return left_open
-
-    async def close(self) -> None:
-        """Close the idle connections; those still lent are closed when given back."""
-        self.closed = True
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            with contextlib.suppress(Exception):
-                await conn.close()

@@ -437,14 +437,46 @@ def test_plain_functions_are_refused_with_one_line(dsn: str) -> None:
     for bad in ({"lease": 0}, {"batch": 0}, {"connections": 0}, {"timeout": -1}):
         with pytest.raises(BadInput):
             AsyncWorker(noop, dsn=dsn, **bad)
+
+
+@pytest.mark.parametrize("face", ["Worker", "AsyncWorker"])
+def test_a_registry_may_mix_plain_and_async_tasks(queue: Queue, dsn: str, face: str) -> None:
+    """One engine runs both kinds: a plain task on a lane thread (``job.conn`` of its own,
+    never the loop's thread), an async task on the loop, under either face."""
+    import threading
+
+    from pgqueue import Worker
+
     tasks = Tasks(dsn)
-    tasks.task(plain, queue="q")
+    seen: dict[str, tuple[bool, bool]] = {}
 
-    async def main() -> None:
-        with pytest.raises(BadInput, match="plain functions"):
-            await AsyncWorker(tasks, dsn=dsn).start()
+    @tasks.task(queue="q")
+    def plain_task(job: Any) -> None:
+        on_loop = True
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            on_loop = False
+        assert job.conn is not None
+        job.conn.execute("SELECT 1")
+        seen["plain"] = (on_loop, threading.current_thread().name.startswith("pgqueue-"))
 
-    run(main())
+    @tasks.task(queue="q")
+    async def async_task(job: AsyncJob) -> None:
+        await (await job.connection()).execute("SELECT 1")
+        seen["async"] = (True, True)
+
+    plain_task.enqueue()
+    async_task.enqueue()
+    tasks.close()
+    if face == "Worker":
+        w: Any = Worker(tasks, dsn=dsn, concurrency=2, poll_interval=0.05, burst=True)
+        w.run(grace=2)
+    else:
+        w = AsyncWorker(tasks, dsn=dsn, concurrency=2, poll_interval=0.05, burst=True)
+        run(w.run(grace=2))
+    assert statuses(dsn) == {"done": 2} and w.done == 2 and w.failed == 0
+    assert seen == {"plain": (False, True), "async": (True, True)}
 
 
 def test_a_missing_table_fails_start(empty_dsn: str) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 
+from ...async_queue import AsyncQueue
 from ...db import connect
 from ...events import NullEventLog
 from ...job import Job
@@ -32,22 +33,22 @@ def _xacts(dsn: str) -> int:
 
 @contextlib.contextmanager
 def _statement_counter() -> Iterator[list[int]]:
-    """Count the statements every ``Queue`` in this process sends while the block runs
-    (the Worker sends all of its statements through ``Queue``, except its one LISTEN)."""
+    """Count the statements every ``AsyncQueue`` in this process sends while the block runs
+    (the Worker's engine sends all of its statements through one, except its LISTEN)."""
     counter = [0]
     lock = threading.Lock()
-    original = Queue._run
+    original = AsyncQueue._run
 
-    def counted(self: Queue, *args: Any, **kwargs: Any) -> psycopg.Cursor:
+    async def counted(self: AsyncQueue, *args: Any, **kwargs: Any) -> psycopg.AsyncCursor[Any]:
         with lock:
             counter[0] += 1
-        return original(self, *args, **kwargs)
+        return await original(self, *args, **kwargs)
 
-    Queue._run = counted  # type: ignore[method-assign]
+    AsyncQueue._run = counted  # type: ignore[method-assign]
     try:
         yield counter
     finally:
-        Queue._run = original  # type: ignore[method-assign]
+        AsyncQueue._run = original  # type: ignore[method-assign]
 
 
 def idle_qps(

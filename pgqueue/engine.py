@@ -1,0 +1,1003 @@
+"""The worker engine: one program under ``Worker`` and ``AsyncWorker``, on one event loop.
+
+Tasks on the loop, each on a connection of the engine's own (never lent to a handler):
+- the dispatcher claims a batch whenever a handler slot is free and no claimed job
+  waits, and starts each job, at most ``concurrency`` at once; a job whose lease ran
+  out while it waited is skipped, not run. It runs the reaper too, every
+  ``reap_interval`` (SKIP LOCKED: it never waits for a row somebody holds);
+- each job runs its handler outside any transaction: an ``async def`` one as a task on
+  this loop, a plain one on a lane thread (``handlers.LaneThread``). Past its timeout the
+  job is failed at once (the fence rises, so the handler's late writes are refused), a
+  coroutine is cancelled and a hung thread retired. Then the job is failed, or its
+  completion buffered: one fenced ``complete_many`` when its batch is over, or sooner
+  once the oldest buffered job has waited ``flush_after``;
+- the keeper heartbeats every held job at lease/3 on a connection of its own, marks jobs
+  whose lease ran out on this clock as lost, and flushes completions that waited;
+- the listener (optional): LISTEN pgqueue wakes the dispatcher; polling goes on anyway.
+
+A stop gives back every claimed job not yet started at once, waits ``grace`` for running
+handlers, then sends the last completions within ``FINAL_WRITES`` seconds and leaves the
+rest to their leases (at-least-once). ``Worker`` runs this loop on a thread of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import functools
+import heapq
+import inspect
+import logging
+import random
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import psycopg
+from psycopg import conninfo
+
+from .async_job import AsyncJob
+from .async_queue import AsyncQueue, async_connect
+from .db import connect
+from .errors import ConnectError, PgQueueError
+from .events import EventLog, NullEventLog
+from .handlers import (
+    LEFT_OPEN,
+    AsyncHandlerConnection,
+    ConnectionPool,
+    Failure,
+    HandlerConnection,
+    LaneThread,
+    describe,
+    failure_of,
+    is_coroutine_function,
+)
+from .job import Job
+from .options import WorkerOptions
+from .params import _text
+from .tasks import Task
+
+log = logging.getLogger("pgqueue.worker")
+
+DISCONNECTS = (psycopg.OperationalError, psycopg.InterfaceError, ConnectError)
+FINISH_TRIES = 6  # tries of one complete/fail/release across reconnects
+FINAL_WRITES = 3.0  # seconds a stop gives its last writes after the grace (forced: 0.5)
+
+Key = tuple[int, int]  # (job id, fence): one claim of one job
+
+
+def key_of(job: Job) -> Key:
+    """What the engine files a claim under. Not the id alone: a job failed with no backoff
+    can be claimed again by this worker before the first claim's bookkeeping is over."""
+    return (job.id, job.fence)
+
+
+class Phase(enum.IntEnum):
+    """Where the engine is; it only moves forward."""
+
+    NEW = 0
+    WORKING = 1
+    STOPPING = 2  # no new claims; running handlers have the grace to finish
+    LEAVING = 3  # grace over: no handler waited for, no heartbeat; last writes, bounded
+    CLOSED = 4
+    HALTED = 5  # crashed on purpose (the course's faults): nothing more is written
+
+
+class Seams(Protocol):
+    """Where the course's ``FaultyWorker`` freezes or kills a worker (no-ops elsewhere)."""
+
+    def _gate(self) -> None: ...
+
+    def _after_claim(self, jobs: list[Any]) -> Any: ...
+
+
+@dataclass(eq=False)
+class Batch:
+    left: int  # jobs of one claim whose handlers have not ended yet
+
+
+@dataclass(eq=False)
+class Claim:
+    """A claimed job this worker has not finished: the job as its handler sees it (a
+    ``Job`` for a plain handler, an ``AsyncJob`` for a coroutine), its lane and batch."""
+
+    job: Job
+    slot: int
+    lane: str
+    batch: Batch
+    plain: bool
+    started: float | None = None  # time.monotonic() when the handler began
+    timeout: float | None = None  # this job's (its task's, else the worker's)
+    expiry_seen: bool = False  # its lease running out here was reported
+
+
+class Bell:
+    """Wakes the dispatcher; the generation number closes the claim-then-wait race."""
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self._event: asyncio.Event | None = None
+
+    def ring(self) -> None:
+        self.generation += 1
+        if self._event is not None:
+            self._event.set()
+
+    async def wait(self, seen: int, timeout: float) -> None:
+        if self.generation != seen:
+            return
+        if self._event is None:
+            self._event = asyncio.Event()
+        self._event.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._event.wait(), timeout)
+
+
+class Link:
+    """One of the engine's connections, reopened with capped exponential backoff."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.queue: AsyncQueue | None = None
+        self._opening: asyncio.Lock | None = None
+
+    async def get(self) -> AsyncQueue:
+        if self.queue is not None:
+            return self.queue
+        if self._opening is None:
+            self._opening = asyncio.Lock()
+        async with self._opening:  # tasks sharing a link open one connection, not several
+            delay = 0.05
+            while self.queue is None:
+                o = self.engine.options
+                try:
+                    self.queue = await self._open()
+                except ConnectError as exc:
+                    if self.engine.phase >= Phase.STOPPING:
+                        raise
+                    log.warning("%s: %s; retrying in %.1fs", o.name, exc, delay)
+                    await asyncio.sleep(delay * (0.5 + random.random()))
+                    delay = min(delay * 2, 2.0)
+        return self.queue
+
+    async def _open(self) -> AsyncQueue:
+        engine, o = self.engine, self.engine.options
+        try:
+            return await AsyncQueue(
+                engine.session_dsn, application_name=o.app_name, pgbouncer=o.pgbouncer
+            ).open()
+        except ConnectError:
+            if engine.session_dsn == o.dsn:
+                raise
+        # Refused with the session limits: a pooler (PgBouncer refuses startup options)
+        # that --pgbouncer does not name. Without them, once, and from then on.
+        queue = await AsyncQueue(o.dsn, application_name=o.app_name, pgbouncer=o.pgbouncer).open()
+        engine.session_dsn = o.dsn
+        log.info("%s: the server refused session limits at connect; going on without", o.name)
+        return queue
+
+    async def drop(self) -> None:
+        queue, self.queue = self.queue, None
+        if queue is not None:
+            with contextlib.suppress(Exception):  # already broken; nothing to release
+                await queue.close()
+
+
+class Engine:
+    """Claims, runs, keeps and finishes jobs for one worker (see the module's docstring)."""
+
+    def __init__(
+        self, handler: Any, options: WorkerOptions, events: EventLog | None, seams: Seams
+    ) -> None:
+        self.handler = handler
+        self.options = options
+        # The record the notebooks draw; a couple of microseconds a job, so production
+        # runs that never read it switch it off.
+        self.events = events if events is not None else EventLog()
+        if not options.record_events:
+            self.events = NullEventLog()
+        self.seams = seams
+        self.session_dsn = _limited(options)
+        self.phase = Phase.NEW
+        self.error: BaseException | None = None  # why the engine stopped itself, if it did
+        self.done = 0  # jobs completed (accepted by fence)
+        self.failed = 0  # failed attempts recorded (the job retries or goes dead)
+        self.dead = 0  # of those, jobs that went dead
+        self.timed_out = 0  # handlers failed for running past their timeout
+        self.rejected = 0  # late writes the database refused (someone else holds the job)
+        self.gave_up = 0  # writes given up after retries (the lease runs out; reaper returns)
+
+        self.claims: dict[Key, Claim] = {}  # claimed, not finished
+        self._waiting: deque[Claim] = deque()  # claimed, not started
+        self._running: dict[Key, asyncio.Task[None]] = {}
+        self._finishing: set[Key] = set()  # claims whose complete/fail/release is under way
+        # Finished jobs whose completion waits to go out in one statement, with the time
+        # each was added.
+        self._buffer: list[tuple[Claim, float]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._orphans: set[asyncio.Task[Any]] = set()  # handlers cancelled at their timeout
+        self._free_slots: list[int] = []
+        self._next_slot = 1
+        self._lanes: list[LaneThread] = []  # idle lane threads for plain handlers
+        self._busy_lanes: set[LaneThread] = set()
+        self._lane_count = 0
+        self._bell = Bell()
+        self._claims_link = Link(self)
+        self._writes_link = Link(self)
+        self._pool: ConnectionPool | None = None
+        self._tasks: list[asyncio.Task[None]] = []  # dispatcher, keeper, listener
+        self._stopping: asyncio.Future[None] | None = None
+        self._force: asyncio.Event | None = None
+        self._final_until = float("inf")  # no write is tried past this (monotonic)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- control ---------------------------------------------------------------------
+    @property
+    def stopping(self) -> bool:
+        return self.phase >= Phase.STOPPING
+
+    @property
+    def working(self) -> bool:
+        """Whether the dispatcher or a handler still runs (a burst run ends when not)."""
+        return bool(self._tasks) and (not self._tasks[0].done() or bool(self._running))
+
+    async def start(self, banner: str) -> None:
+        """Check the database (a bad DSN or a missing table fails here), then start the
+        dispatcher, keeper and listener on the running loop."""
+        if self.phase != Phase.NEW:
+            raise RuntimeError(f"worker {self.options.name} was already started")
+        o = self.options
+        async with AsyncQueue(o.dsn, pgbouncer=o.pgbouncer) as probe:
+            await probe.check()
+        self._loop = asyncio.get_running_loop()
+        self._force = asyncio.Event()
+        self.phase = Phase.WORKING
+        log.info("%s", banner)
+        self._pool = ConnectionPool(o.connections, self._connect_async, o.pgbouncer)
+        self._tasks.append(asyncio.create_task(self._dispatch(), name=f"pgqueue-{o.name}"))
+        self._tasks.append(asyncio.create_task(self._keep(), name=f"pgqueue-{o.name}-keeper"))
+        if o.listen and o.pgbouncer and not o.listen_dsn:
+            log.warning(
+                "%s: behind PgBouncer LISTEN needs a direct connection (listen_dsn, "
+                "--listen-dsn); polling every %gs instead",
+                o.name,
+                o.poll_interval,
+            )
+        elif o.listen:
+            self._tasks.append(asyncio.create_task(self._hear(), name=f"pgqueue-{o.name}-listen"))
+
+    def request_stop(self, force: bool = False) -> None:
+        """Stop claiming (on the loop's thread); ``force``: do not wait for the grace."""
+        if force and self._force is not None:
+            self._force.set()
+        if self.phase == Phase.WORKING:
+            self.phase = Phase.STOPPING
+        self._bell.ring()
+
+    def call_soon(self, fn: Any, *args: Any) -> None:
+        """Run ``fn(*args)`` on the engine's loop, from any thread."""
+        if self._loop is not None and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop has just closed
+                self._loop.call_soon_threadsafe(fn, *args)
+
+    def halt(self) -> None:
+        """Stop at once and write nothing more, like a killed process: the leases run out
+        and the reaper returns the jobs. Callable from any thread."""
+        self.phase = Phase.HALTED
+        self.call_soon(self._bell.ring)
+
+    async def join(self, timeout: float | None = None) -> None:
+        """Wait for the dispatcher and its handlers to end, at most ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.working and self.phase < Phase.CLOSED:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            waits = self._tasks[:1] + list(self._running.values())
+            await asyncio.wait(waits, timeout=left if left is None else min(left, 0.5))
+
+    async def serve(self) -> None:
+        """Wait for a stop request, or (burst) for the queue to run dry."""
+        while self.phase == Phase.WORKING and self.working:
+            await self._bell.wait(self._bell.generation, 0.2)
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """Stop claiming; give back the claimed jobs not yet started; let running handlers
+        finish within ``grace`` seconds and complete their jobs; then close. A second
+        caller waits for the first one's stop."""
+        if not self._tasks:
+            return
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._shut_down(grace))
+        await asyncio.shield(self._stopping)
+
+    async def _shut_down(self, grace: float) -> None:
+        assert self._force is not None
+        self.request_stop()
+        deadline = time.monotonic() + grace
+        while self.working and not self._force.is_set() and self.phase < Phase.LEAVING:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            waits = self._tasks[:1] + list(self._running.values())
+            await asyncio.wait(waits, timeout=min(left, 0.1))
+        if self.phase < Phase.LEAVING:
+            self.phase = Phase.LEAVING
+            bound = 0.5 if self._force.is_set() else FINAL_WRITES
+            self._final_until = time.monotonic() + bound
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._flushed(), bound)
+        if self.phase < Phase.CLOSED:
+            self.phase = Phase.CLOSED
+        doomed = [*self._tasks, *self._running.values()]
+        if self._flusher is not None:
+            doomed.append(self._flusher)
+        for task in doomed:
+            task.cancel()
+        await asyncio.gather(*doomed, return_exceptions=True)
+        for lane in [*self._lanes, *self._busy_lanes]:
+            lane.close()
+        self._lanes.clear()
+        if self._pool is not None:
+            await self._pool.close()
+        await self._claims_link.drop()
+        await self._writes_link.drop()
+
+    def _give_up(self, exc: BaseException) -> None:
+        """Stop the whole worker on an error no retry can mend (a setting is wrong); the
+        façade's ``run()`` raises it once the worker has stopped."""
+        if self.error is None:
+            self.error = exc
+            log.error("%s: %s; stopping the worker", self.options.name, describe(exc))
+        self.request_stop()
+
+    async def _broken_setup(self, exc: BaseException) -> bool:
+        """After an error of pgqueue's own (a dropped table, prepared statements through
+        PgBouncer): probe again on a fresh connection, and give up only if that fails too.
+        A lost connection is never a setup error."""
+        if not isinstance(exc, PgQueueError) or isinstance(exc, ConnectError):
+            return False
+        o = self.options
+        try:
+            async with AsyncQueue(o.dsn, application_name=o.app_name, pgbouncer=o.pgbouncer) as q:
+                for _ in range(3):  # a clash of prepared statements may need a few
+                    await q.check()
+        except PgQueueError as again:
+            if isinstance(again, ConnectError):
+                return False
+            self._give_up(again)
+            return True
+        except psycopg.Error:
+            return False
+        return False
+
+    # -- the dispatcher: claims, and a task per job ------------------------------------
+    def _record(self, lane: str, kind: str, job: Job, detail: str = "") -> None:
+        self.events.record(kind, lane, job.id, job.fence, detail)
+
+    async def _dispatch(self) -> None:
+        """Claim and start jobs until stopped (or a dry queue in burst mode); an error is
+        logged and the dispatcher carries on after a backoff. Then give back what waits."""
+        delay = 0.05
+        next_reap = time.monotonic() + self.options.reap_interval * random.uniform(0.5, 1.0)
+        while self.phase == Phase.WORKING:
+            try:
+                if time.monotonic() >= next_reap:
+                    await self._reap()
+                    next_reap = time.monotonic() + self.options.reap_interval
+                if not await self._dispatch_once():
+                    break
+                delay = 0.05
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                await self._claims_link.drop()
+                if self.phase != Phase.WORKING or await self._broken_setup(exc):
+                    break
+                level = logging.WARNING if isinstance(exc, DISCONNECTS) else logging.ERROR
+                name = self.options.name
+                log.log(level, "%s: %s; carrying on in %.1fs", name, describe(exc), delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        while self._waiting and self.phase < Phase.LEAVING:
+            claim = self._waiting.popleft()  # claimed, never started: give back, attempt too
+            if self._own_finish(claim):
+                await self._finish(claim, "release")
+
+    async def _dispatch_once(self) -> bool:
+        """Start waiting jobs, or claim a batch when a slot is free; False when a burst
+        run found the queue dry with nothing running."""
+        o = self.options
+        seen = self._bell.generation
+        self._start_waiting()
+        if self._waiting or len(self._running) >= o.concurrency:
+            await self._bell.wait(seen, o.poll_interval)  # a handler ends, or a stop
+            return True
+        self.seams._gate()
+        queue = await self._claims_link.get()
+        jobs = await queue.claim(list(o.queues), limit=o.batch, lease=o.lease)
+        if not jobs:
+            if o.burst and not self._running:
+                return False
+            await self._bell.wait(seen, o.poll_interval)
+            return True
+        claimed = self._take(jobs)
+        after = self.seams._after_claim(claimed)
+        if inspect.isawaitable(after):
+            await after
+        self._start_waiting()
+        return True
+
+    def _take(self, jobs: list[AsyncJob]) -> list[Job]:
+        batch = Batch(len(jobs))
+        rows = []
+        taken: list[Job] = []
+        o = self.options
+        for claimed in jobs:
+            plain = self._is_plain(claimed)
+            job: Job = _plain_job(claimed) if plain else claimed
+            if not plain:
+                claimed.conn = None  # the claim's connection is the engine's: handlers borrow
+                claimed.borrow = self._borrow
+            if self._free_slots:
+                slot = heapq.heappop(self._free_slots)
+            else:
+                slot, self._next_slot = self._next_slot, self._next_slot + 1
+            lane = o.name if o.concurrency == 1 else f"{o.name}.{(slot - 1) % o.concurrency + 1}"
+            claim = Claim(job, slot, lane, batch, plain)
+            self.claims[key_of(job)] = claim
+            self._waiting.append(claim)
+            job.on_event = functools.partial(self._record_job, lane)
+            rows.append(("claim", lane, job.id, job.fence, str(job.attempts)))
+            taken.append(job)
+        self.events.record_many(rows)
+        return taken
+
+    def _record_job(self, lane: str, kind: str, job: Job) -> None:
+        self.events.record(kind, lane, job.id, job.fence)
+
+    def _is_plain(self, job: Job) -> bool:
+        """Whether the job's handler is a plain function (run on a lane thread)."""
+        task = self._task_of(job)
+        fn = task.fn if task is not None else self.handler
+        return not is_coroutine_function(fn)
+
+    def _start_waiting(self) -> None:
+        while (
+            self._waiting
+            and len(self._running) < self.options.concurrency
+            and self.phase == Phase.WORKING
+        ):
+            claim = self._waiting.popleft()
+            task = asyncio.create_task(self._run_job(claim), name=f"pgqueue-{claim.lane}")
+            self._running[key_of(claim.job)] = task
+
+    # -- one job: the handler, then its ending -------------------------------------------
+    async def _run_job(self, claim: Claim) -> None:
+        key = key_of(claim.job)
+        try:
+            self.seams._gate()
+            if self._begin(claim):
+                failure = await self._call(claim)
+                self.seams._gate()  # a freeze during the handler ends here
+                if self._own_finish(claim):
+                    if failure is not None:
+                        await self._finish(claim, "fail", failure)
+                    elif self.options.complete_in_batches:
+                        self._buffer.append((claim, time.monotonic()))
+                    else:
+                        await self._finish(claim, "complete")
+            claim.batch.left -= 1
+            if claim.batch.left == 0:
+                self._flush_soon()  # the batch is over: its completions go now, together
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the bookkeeping failed: leave the job to its lease
+            self._forget(claim, describe(exc))
+        finally:
+            self._running.pop(key, None)
+            self._bell.ring()  # a slot is free
+
+    def _begin(self, claim: Claim) -> bool:
+        """Mark the job started, unless it was lost (taken over, or its lease ran out here)
+        before its turn: running it then could run it twice."""
+        key = key_of(claim.job)
+        if self.claims.get(key) is not claim or key in self._finishing:
+            return False
+        if self.phase >= Phase.HALTED:
+            return False
+        if not claim.job.lost:
+            claim.started = time.monotonic()
+            claim.timeout = self._timeout_for(claim.job)
+            return True
+        self._drop(claim)
+        self._record(claim.lane, "skipped", claim.job, "lease lost before it started")
+        return False
+
+    async def _call(self, claim: Claim) -> Failure | None:
+        """Run the handler (a plain one on a lane thread, a coroutine as a task); None on
+        success, else how it failed. Past its timeout the job is lost at once, and the
+        handler is left to end by itself (a coroutine cancelled, a thread retired)."""
+        job = claim.job
+        lane: LaneThread | None = None
+        handler: asyncio.Future[Failure | None]
+        if claim.plain:
+            lane = self._lane()
+            handler = lane.run(functools.partial(self._call_plain, job))
+        else:
+            handler = asyncio.create_task(self._call_async(job), name=f"pgqueue-{claim.lane}-h")
+        try:
+            done, _ = await asyncio.wait([handler], timeout=claim.timeout)
+        except asyncio.CancelledError:  # the engine's own cancellation: pass it on
+            handler.cancel()
+            if lane is not None:
+                self._retire(lane)
+            raise
+        if done:
+            if lane is not None:
+                self._busy_lanes.discard(lane)
+                self._lanes.append(lane)
+            return Failure("CancelledError") if handler.cancelled() else handler.result()
+        job.mark_lost()  # first: nothing the handler writes from now on is accepted
+        self.timed_out += 1
+        if lane is not None:
+            self._retire(lane)
+        else:
+            handler.cancel()
+            self._orphans.add(handler)
+            handler.add_done_callback(self._orphans.discard)
+        log.warning(
+            "%s: job %s ran past the %gs timeout; failing it", claim.lane, job.id, claim.timeout
+        )
+        return Failure(f"TimeoutError: the handler ran past the {claim.timeout:g} s timeout")
+
+    def _lane(self) -> LaneThread:
+        """An idle lane thread, or a new one (at most ``concurrency`` are busy at once)."""
+        if self._lanes:
+            lane = self._lanes.pop()
+        else:
+            o = self.options
+            self._lane_count += 1
+            lane = LaneThread(f"{o.name}-lane{self._lane_count}", self._connect_plain, o.pgbouncer)
+        self._busy_lanes.add(lane)
+        return lane
+
+    def _retire(self, lane: LaneThread) -> None:
+        self._busy_lanes.discard(lane)
+        lane.retire()
+
+    def _call_plain(self, job: Job, conn: psycopg.Connection | None) -> Failure | None:
+        """On a lane thread: the plain handler with the lane's connection as ``job.conn``."""
+        job.conn = conn
+        try:
+            result = self.handler(job)
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt too
+            return failure_of(exc)
+        if inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
+                result.close()  # never awaited: close it, so Python does not warn later
+            return Failure(
+                "TypeError: a plain handler returned an awaitable: make it async def "
+                "(the worker awaits those) or return a value"
+            )
+        return None
+
+    async def _call_async(self, job: Job) -> Failure | None:
+        """Await the handler and catch whatever it raises; give back its connection (reset;
+        a transaction it left open is rolled back, and fails the job)."""
+        assert isinstance(job, AsyncJob)
+        failure: Failure | None = None
+        try:
+            result = self.handler(job)
+            if not inspect.isawaitable(result):
+                failure = Failure(
+                    "TypeError: the handler returned no awaitable: AsyncWorker runs async def "
+                    "handlers (plain functions run with pgqueue.Worker)"
+                )
+            elif inspect.isawaitable(result := await result):
+                if inspect.iscoroutine(result):
+                    result.close()
+                failure = Failure(
+                    "TypeError: the handler returned an awaitable instead of awaiting it"
+                )
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt, CancelledError too
+            failure = failure_of(exc)
+        conn, job.conn, job.borrow = job.conn, None, None
+        pool = self._pool
+        if isinstance(conn, AsyncHandlerConnection) and pool and await pool.put(conn):
+            failure = failure or LEFT_OPEN
+        return failure
+
+    async def _borrow(self) -> psycopg.AsyncConnection:
+        assert self._pool is not None
+        return await self._pool.get()
+
+    def _connect_plain(self) -> HandlerConnection:
+        o = self.options
+        conn = connect(
+            o.dsn, application_name=o.app_name, pgbouncer=o.pgbouncer, cls=HandlerConnection
+        )
+        assert isinstance(conn, HandlerConnection)
+        return conn
+
+    async def _connect_async(self) -> AsyncHandlerConnection:
+        o = self.options
+        conn = await async_connect(
+            o.dsn, application_name=o.app_name, pgbouncer=o.pgbouncer, cls=AsyncHandlerConnection
+        )
+        assert isinstance(conn, AsyncHandlerConnection)
+        return conn
+
+    # -- each job's rules: its task's, else the worker's -----------------------------------
+    def _task_of(self, job: Job) -> Task | None:
+        tasks = self.options.tasks
+        if tasks is None:
+            return None
+        try:
+            return tasks.for_job(job)
+        except LookupError:
+            return None
+
+    def _timeout_for(self, job: Job) -> float | None:
+        task = self._task_of(job)
+        return task.timeout if task and task.timeout is not None else self.options.timeout
+
+    def _backoff_for(self, job: Job) -> float:
+        task = self._task_of(job)
+        return task.backoff if task and task.backoff is not None else self.options.backoff
+
+    # -- endings: complete, fail, release by fence -------------------------------------
+    def _own_finish(self, claim: Claim) -> bool:
+        """Take the right to finish the job; False if it is no longer this worker's."""
+        key = key_of(claim.job)
+        if self.claims.get(key) is not claim or key in self._finishing:
+            return False
+        if self.phase >= Phase.LEAVING:
+            return False
+        self._finishing.add(key)
+        return True
+
+    def _drop(self, claim: Claim) -> None:
+        """Forget a claim (ended, skipped or left to its lease) and free its slot."""
+        key = key_of(claim.job)
+        if self.claims.get(key) is claim:
+            del self.claims[key]
+            heapq.heappush(self._free_slots, claim.slot)
+        self._finishing.discard(key)
+
+    def _forget(self, claim: Claim, why: str) -> None:
+        """Stop heartbeating a job whose bookkeeping failed: its lease runs out and the
+        reaper returns it."""
+        self._drop(claim)
+        claim.job.mark_lost()
+        log.warning("%s: left job %s to its lease after %s", claim.lane, claim.job.id, why)
+
+    async def _finish(
+        self, claim: Claim, action: str, failure: Failure | None = None, *, tried: bool = False
+    ) -> None:
+        """complete / fail / release by fence, retried across reconnects (the fence makes a
+        retry safe). If a reply may have been lost (a retry, or ``tried``), the row is read
+        back to learn whether the write took effect."""
+        job = claim.job
+        error = failure.error if failure else ""
+        outcome = "gave-up"
+        for attempt in range(FINISH_TRIES):
+            if self.phase >= Phase.HALTED or time.monotonic() >= self._final_until:
+                break
+            try:
+                queue = await self._writes_link.get()
+                if action == "complete":
+                    ok = await queue.complete(job)  # type: ignore[arg-type]
+                elif action == "fail":
+                    assert failure is not None
+                    ok = await queue.fail(
+                        job,  # type: ignore[arg-type]
+                        error,
+                        backoff=self._backoff_for(job),
+                        delay=failure.delay,
+                        give_up=failure.give_up,
+                    )
+                else:
+                    ok = await queue.release(job)  # type: ignore[arg-type]
+                if not ok and (attempt > 0 or tried):
+                    ok = await _took_effect(queue, action, job, error)
+                outcome = "ok" if ok else "refused"
+                break
+            except (psycopg.Error, ConnectError) as exc:
+                await self._writes_link.drop()
+                log.warning(
+                    "%s: %s of job %s failed (%s)", claim.lane, action, job.id, describe(exc)
+                )
+                await asyncio.sleep(0.05 * 2**attempt)
+        if self.phase < Phase.HALTED:
+            self._settle([claim], action, {key_of(job): outcome}, error)
+
+    def _flush_soon(self) -> None:
+        """Start the flusher unless it runs. It completes what is buffered in one fenced
+        statement, then again what was buffered meanwhile, until nothing is: one statement
+        in flight at a time, so under load each carries every completion that waited."""
+        if self._buffer and (self._flusher is None or self._flusher.done()):
+            name = f"pgqueue-{self.options.name}-flush"
+            self._flusher = asyncio.create_task(self._flush_all(), name=name)
+
+    async def _flushed(self) -> None:
+        """Wait until every buffered completion went out (stopping)."""
+        while self._buffer or (self._flusher is not None and not self._flusher.done()):
+            self._flush_soon()
+            assert self._flusher is not None
+            await asyncio.wait([self._flusher])
+
+    async def _flush_all(self) -> None:
+        while self._due() and self.phase < Phase.HALTED:
+            try:
+                await self._flush()
+            except Exception as exc:  # not a lost connection (handled): leave them to lease
+                log.error("%s: completing a batch: %s", self.options.name, describe(exc))
+
+    def _due(self) -> list[Claim]:
+        """The buffered jobs whose completion is due: all of them while stopping, else those
+        whose batch is over, or all once the oldest has waited ``flush_after``."""
+        if not self._buffer:
+            return []
+        if self.phase >= Phase.STOPPING:
+            return [claim for claim, _ in self._buffer]
+        if time.monotonic() - self._buffer[0][1] >= self.options.flush_after:
+            return [claim for claim, _ in self._buffer]
+        return [claim for claim, _ in self._buffer if claim.batch.left == 0]
+
+    async def _flush(self) -> None:
+        """Complete the buffered jobs that are due in one fenced statement."""
+        claims = self._due()
+        if not claims:
+            return
+        due = set(map(id, claims))
+        self._buffer = [(c, t) for c, t in self._buffer if id(c) not in due]
+        try:
+            queue = await self._writes_link.get()
+            rejected = {key_of(j) for j in await queue.complete_many([c.job for c in claims])}  # type: ignore[misc]
+        except (psycopg.Error, ConnectError):
+            await self._writes_link.drop()
+            for claim in claims:  # one by one; the batch may have committed before the cut
+                await self._finish(claim, "complete", tried=True)
+            return
+        outcome = {key_of(c.job): "refused" if key_of(c.job) in rejected else "ok" for c in claims}
+        self._settle(claims, "complete", outcome)
+
+    def _settle(
+        self, claims: list[Claim], action: str, outcome: dict[Key, str], error: str = ""
+    ) -> None:
+        """Forget finished jobs, count them, record how each ended and log what needs a
+        person's eyes (failures, refusals, give-ups)."""
+        for claim in claims:
+            self._drop(claim)
+        ends = [(claim, outcome[key_of(claim.job)]) for claim in claims]
+        self.rejected += sum(end == "refused" for _, end in ends)
+        self.gave_up += sum(end == "gave-up" for _, end in ends)
+        ok = [claim.job for claim, end in ends if end == "ok"]
+        if action == "complete":
+            self.done += len(ok)
+        elif action == "fail":
+            self.failed += len(ok)
+            self.dead += sum(job.status == "dead" for job in ok)
+        self.events.record_many(
+            (
+                _end_kind(action, end),
+                c.lane,
+                c.job.id,
+                c.job.fence,
+                error if end == "ok" else action,
+            )
+            for c, end in ends
+        )
+        for claim, end in ends:
+            _log_end(claim.lane, claim.job, action, end, error)
+
+    # -- the keeper: heartbeats, local deadlines, late flushes --------------------------
+    async def _keep(self) -> None:
+        link = Link(self)
+        beat_every = self.options.lease / 3
+        next_beat = time.monotonic() + beat_every
+        # Each heartbeat is a task of its own: a statement stuck on a half-open connection
+        # holds up neither the local deadlines nor the timed flushes of this loop.
+        beating: asyncio.Task[None] | None = None
+        try:
+            while self.phase < Phase.LEAVING:
+                if self.phase == Phase.STOPPING and not self.claims:
+                    break
+                self.seams._gate()  # a frozen process sends no heartbeats
+                now = time.monotonic()
+                try:
+                    if now >= next_beat and (beating is None or beating.done()):
+                        if beating is not None:
+                            beating.result()  # how the last one ended: raises its error
+                        beating = asyncio.create_task(self._beat(link))
+                        next_beat = now + beat_every
+                    self._expire()
+                    waited = 0.0 if self.phase == Phase.STOPPING else self.options.flush_after
+                    if self._buffer and now - self._buffer[0][1] >= waited:
+                        self._flush_soon()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # the keeper must not die silently either
+                    beating = None
+                    await link.drop()
+                    if await self._broken_setup(exc):
+                        return
+                    level = logging.WARNING if isinstance(exc, DISCONNECTS) else logging.ERROR
+                    name = self.options.name
+                    log.log(level, "%s: keeper: %s; reconnecting", name, describe(exc))
+                    await asyncio.sleep(0.1)
+                    continue
+                # Ticks of at most 0.1 s: a job claimed meanwhile may have a local deadline
+                # to watch (a tick that sends nothing costs no statement).
+                wait = min(0.1, max(0.005, next_beat - time.monotonic()))
+                if self._buffer:
+                    wait = min(wait, self.options.flush_after / 2)
+                await asyncio.sleep(wait)
+        finally:
+            if beating is not None:
+                beating.cancel()
+                await asyncio.gather(beating, return_exceptions=True)
+            await link.drop()
+
+    async def _beat(self, link: Link) -> None:
+        await self._heartbeat(await link.get())
+
+    async def _heartbeat(self, queue: AsyncQueue) -> None:
+        held = [c for c in self.claims.values() if not c.job.lost]
+        if not held:
+            return
+        jobs = [c.job for c in held]
+        lost = {key_of(j) for j in await queue.heartbeat_many(jobs, lease=self.options.lease)}  # type: ignore[arg-type]
+        if self.phase >= Phase.HALTED:
+            return
+        rows = []
+        for c in held:
+            key = key_of(c.job)
+            if key not in lost:
+                rows.append(("heartbeat", c.lane, c.job.id, c.job.fence, ""))
+            elif key not in self._finishing and self.claims.get(key) is c:
+                # (a job finished meanwhile is not lost: its ending tells how it went)
+                rows.append(("lease-lost", c.lane, c.job.id, c.job.fence, ""))
+                log.warning(
+                    "%s: lost the lease on job %s (fence %s)", c.lane, c.job.id, c.job.fence
+                )
+        self.events.record_many(rows)
+
+    def _expire(self) -> None:
+        """Jobs whose lease ran out on this worker's clock are lost, whether or not a
+        heartbeat could say so (a keeper cut off from the server cannot)."""
+        now = time.monotonic()
+        for claim in list(self.claims.values()):
+            job = claim.job
+            if now < job.deadline or claim.expiry_seen or key_of(job) in self._finishing:
+                continue
+            claim.expiry_seen = True
+            job.mark_lost()
+            self._record(claim.lane, "lease-lost", job, "lease ran out here")
+            log.warning(
+                "%s: the lease on job %s ran out before a heartbeat could renew it",
+                claim.lane,
+                job.id,
+            )
+
+    async def _reap(self) -> None:
+        queue = await self._claims_link.get()
+        reaped = await queue.reap()
+        name = self.options.name
+        self.events.record_many(("reap", name, r.id, r.fence, r.status) for r in reaped)
+        if any(row.queue in self.options.queues and row.status == "ready" for row in reaped):
+            self._bell.ring()
+
+    # -- listener: LISTEN/NOTIFY as a wake-up hint ------------------------------------
+    async def _hear(self) -> None:
+        o = self.options
+        delay = 0.05
+        while self.phase == Phase.WORKING:
+            try:
+                dsn = o.listen_dsn or o.dsn
+                async with await async_connect(dsn, application_name=o.app_name) as conn:
+                    await conn.execute("LISTEN pgqueue")
+                    delay = 0.05
+                    self._bell.ring()  # we may have missed hints while (re)connecting
+                    while self.phase == Phase.WORKING:
+                        async for note in conn.notifies(timeout=1.0):
+                            if note.payload in o.queues:
+                                self._bell.ring()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self.phase != Phase.WORKING:
+                    return
+                log.warning("%s: listener reconnecting (%s)", o.name, describe(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+
+def _limited(o: WorkerOptions) -> str:
+    """The DSN of the engine's own sessions: no statement of theirs waits for a lock
+    longer than a heartbeat interval or runs past two thirds of the lease, so nothing
+    holds a worker's bookkeeping until its leases run out. (Behind PgBouncer startup
+    options are refused; there the statements themselves never wait: SKIP LOCKED.)"""
+    if o.pgbouncer:
+        return o.dsn
+    lock_ms = max(200, int(o.lease * 1000 / 3))
+    statement_ms = max(1000, int(o.lease * 2000 / 3))
+    limits = f"-c lock_timeout={lock_ms} -c statement_timeout={statement_ms}"
+    try:
+        given = str(conninfo.conninfo_to_dict(o.dsn).get("options", ""))
+        return conninfo.make_conninfo(o.dsn, options=f"{given} {limits}".strip())
+    except psycopg.ProgrammingError:
+        return o.dsn  # malformed: connecting says how
+
+
+def _plain_job(claimed: AsyncJob) -> Job:
+    """The claim as a plain handler sees it: a ``Job`` whose ``conn`` is its lane's."""
+    return Job(
+        claimed.id,
+        claimed.queue,
+        claimed.payload,
+        claimed.fence,
+        claimed.attempts,
+        claimed.max_attempts,
+        claimed.lease_until,
+        deadline=claimed.deadline,
+    )
+
+
+async def _took_effect(queue: AsyncQueue, action: str, job: Job, error: str) -> bool:
+    """After a retry, whether an earlier try committed although its reply was lost."""
+    row = await queue.get(job.id)
+    if row is None:
+        return False
+    if action == "complete":
+        took = row.status == "done" and row.fence == job.fence
+    elif action == "fail":
+        took = row.fence > job.fence and row.last_error == _text(error, 10_000)
+    else:
+        took = row.fence == job.fence and row.attempts == job.attempts - 1
+    if took:
+        job.status = {"complete": "done", "release": "ready"}.get(
+            action, "dead" if row.status == "dead" else "ready"
+        )
+    return took
+
+
+def _end_kind(action: str, end: str) -> str:
+    """The event a finished job records: its action, the action refused, or a give-up."""
+    return {"ok": action, "refused": f"{action}-rejected", "gave-up": "gave-up"}[end]
+
+
+def _log_end(lane: str, job: Job, action: str, end: str, error: str) -> None:
+    """Log what needs a person's eyes: a refused write, a give-up, a failed attempt."""
+    if end == "refused":
+        log.warning(
+            "%s: late %s of job %s refused: fence %s is stale (another holder has it)",
+            lane,
+            action,
+            job.id,
+            job.fence,
+        )
+    elif end == "gave-up":
+        log.warning(
+            "%s: gave up on the %s of job %s after %d tries; its lease will run out "
+            "and the reaper will return it",
+            lane,
+            action,
+            job.id,
+            FINISH_TRIES,
+        )
+    elif action == "fail":
+        then = "now dead" if job.status == "dead" else f"retry in {job.retry_in or 0.0:.1f}s"
+        log.warning(
+            "%s: job %s (%s) failed, attempt %d of %d: %s; %s",
+            lane,
+            job.id,
+            job.queue,
+            job.attempts,
+            job.max_attempts,
+            error.splitlines()[0] if error else "",
+            then,
+        )

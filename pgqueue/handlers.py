@@ -1,0 +1,262 @@
+"""How the engine runs handlers, which are user code: what a handler raised becomes a
+``Failure``; plain functions run on lane threads, each lane with a connection of its own;
+coroutines borrow from a small pool; and every connection a handler had is checked and
+reset before the next job gets it. The engine's own connections are never lent."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import queue as queues
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from .db import first_line
+from .errors import GiveUp, RetryAfter, retry_delay
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How a handler failed: the error text for ``last_error``, and what it asked for."""
+
+    error: str
+    delay: float | None = None  # RetryAfter
+    give_up: bool = False  # GiveUp
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: first line of the message``: what a job's ``last_error`` and logs say. Never
+    raises: an exception whose ``__str__`` itself fails is still named."""
+    try:
+        text = first_line(exc) if str(exc).strip() else ""
+    except BaseException:  # a user's __str__ can raise anything
+        text = "(its message could not be read: its __str__ raised)"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def failure_of(exc: BaseException) -> Failure:
+    """What a handler's exception (``BaseException`` included) does to its job."""
+    if isinstance(exc, GiveUp):
+        return Failure(describe(exc), give_up=True)
+    if isinstance(exc, RetryAfter):
+        try:
+            return Failure(describe(exc), delay=retry_delay(exc))
+        except BaseException as bad:  # a delay the fail statement would refuse
+            return Failure(describe(bad))
+    return Failure(describe(exc))
+
+
+# DISCARD ALL without DEALLOCATE ALL: psycopg answers a DISCARD ALL by sending DEALLOCATE
+# ALL later, which then drops a statement it has prepared again meanwhile ("prepared
+# statement _pg3_0 does not exist" in the next job, seen in the chaos run).
+RESET_SESSION = (
+    "RESET ALL; CLOSE ALL; UNLISTEN *; SELECT pg_advisory_unlock_all(); "
+    "DISCARD TEMP; DISCARD SEQUENCES"
+)
+
+LEFT_OPEN = Failure("the handler left a transaction open; it was rolled back")
+
+
+def is_coroutine_function(fn: object) -> bool:
+    """An ``async def`` function, or an object whose ``__call__`` is one."""
+    call = type(fn).__call__ if callable(fn) and not inspect.isroutine(fn) else None
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+# -- the connections handlers get --------------------------------------------------------
+class HandlerConnection(psycopg.Connection[Any]):
+    """A plain handler's connection: notes whether the handler used it, so a handler that
+    never touched it costs no reset."""
+
+    used = False
+
+    def cursor(self, *args: Any, **kwargs: Any) -> Any:
+        self.used = True
+        return super().cursor(*args, **kwargs)
+
+    def transaction(self, *args: Any, **kwargs: Any) -> Any:
+        self.used = True
+        return super().transaction(*args, **kwargs)
+
+
+class AsyncHandlerConnection(psycopg.AsyncConnection[Any]):
+    """An async handler's connection, noting its use the same way."""
+
+    used = False
+
+    def cursor(self, *args: Any, **kwargs: Any) -> Any:
+        self.used = True
+        return super().cursor(*args, **kwargs)
+
+    def transaction(self, *args: Any, **kwargs: Any) -> Any:
+        self.used = True
+        return super().transaction(*args, **kwargs)
+
+
+def reset_steps(conn: HandlerConnection | AsyncHandlerConnection, pgbouncer: bool) -> list[str]:
+    """What to do with a handler's connection before the next job gets it, decided from its
+    state alone: ``drop`` (closed, broken, or autocommit turned off: no reset undoes that),
+    ``rollback`` (a transaction left open or failed: the job fails too), ``discard`` (the
+    handler used it: ``RESET_SESSION`` undoes its SETs, cursors, LISTENs, advisory locks
+    and temp tables; behind PgBouncer session state does not stick, so nothing to undo)."""
+    if conn.closed or conn.broken:
+        return ["drop"]
+    steps = []
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        steps.append("rollback")
+    if not conn.autocommit:
+        steps.append("drop")
+    elif conn.used and not pgbouncer:
+        steps.append("discard")
+    return steps
+
+
+def reset(conn: HandlerConnection, pgbouncer: bool) -> tuple[bool, bool]:
+    """Reset a plain handler's connection: (keep it, a transaction was left open)."""
+    steps = reset_steps(conn, pgbouncer)
+    try:
+        if "drop" not in steps and "rollback" in steps:
+            conn.rollback()
+        if "discard" in steps:
+            conn.execute(RESET_SESSION)
+    except psycopg.Error:
+        steps.append("drop")
+    conn.used = False
+    return "drop" not in steps, "rollback" in steps
+
+
+async def async_reset(conn: AsyncHandlerConnection, pgbouncer: bool) -> tuple[bool, bool]:
+    """``reset`` for an async handler's connection."""
+    steps = reset_steps(conn, pgbouncer)
+    try:
+        if "drop" not in steps and "rollback" in steps:
+            await conn.rollback()
+        if "discard" in steps:
+            await conn.execute(RESET_SESSION)
+    except psycopg.Error:
+        steps.append("drop")
+    conn.used = False
+    return "drop" not in steps, "rollback" in steps
+
+
+class ConnectionPool:
+    """The connections lent to async handlers: at most ``size`` at once, opened on first
+    use, reset when given back and kept for the next handler; one a handler broke or
+    changed past resetting is closed. (A minimal pool: psycopg_pool is not a dependency.)"""
+
+    def __init__(
+        self, size: int, connect: Callable[[], Awaitable[AsyncHandlerConnection]], pgbouncer: bool
+    ) -> None:
+        self._connect = connect
+        self._pgbouncer = pgbouncer
+        self._idle: list[AsyncHandlerConnection] = []
+        self._slots = asyncio.Semaphore(size)
+        self.closed = False
+
+    async def get(self) -> AsyncHandlerConnection:
+        """A connection of the pool's, waiting while ``size`` are lent."""
+        await self._slots.acquire()
+        try:
+            while self._idle:
+                conn = self._idle.pop()
+                if not (conn.closed or conn.broken):
+                    return conn
+            return await self._connect()
+        except BaseException:
+            self._slots.release()
+            raise
+
+    async def put(self, conn: AsyncHandlerConnection) -> bool:
+        """Take a connection back, reset; True if it was left in a transaction."""
+        keep = left_open = False
+        try:
+            keep, left_open = await async_reset(conn, self._pgbouncer)
+        finally:
+            self._slots.release()
+        if keep and not self.closed:
+            self._idle.append(conn)
+        else:
+            with contextlib.suppress(Exception):
+                await conn.close()
+        return left_open
+
+    async def close(self) -> None:
+        """Close the idle connections; those still lent are closed when given back."""
+        self.closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+
+# -- lane threads: where plain handlers run ------------------------------------------------
+class LaneThread:
+    """One thread that runs plain handlers one at a time, each on the lane's connection
+    (opened on first use, reset between jobs). A lane whose handler hangs past its timeout
+    is retired: the engine stops waiting for it, and the thread ends when the handler
+    returns, closing its connection."""
+
+    def __init__(self, name: str, connect: Callable[[], HandlerConnection], pgbouncer: bool):
+        self.name = name
+        self.retired = False
+        self._connect = connect
+        self._pgbouncer = pgbouncer
+        self._inbox: queues.SimpleQueue[Any] = queues.SimpleQueue()
+        self._conn: HandlerConnection | None = None
+        self._thread = threading.Thread(target=self._serve, daemon=True, name=f"pgqueue-{name}")
+        self._thread.start()
+
+    def run(
+        self, call: Callable[[psycopg.Connection | None], Failure | None]
+    ) -> asyncio.Future[Failure | None]:
+        """Run ``call(conn)`` on this lane's thread; its outcome, awaitable on this loop."""
+        future = asyncio.get_running_loop().create_future()
+        self._inbox.put((call, future))
+        return future
+
+    def retire(self) -> None:
+        self.retired = True
+        self._inbox.put(None)
+
+    def close(self) -> None:
+        self._inbox.put(None)
+
+    def _serve(self) -> None:
+        try:
+            while (work := self._inbox.get()) is not None:
+                call, future = work
+                outcome = self._one(call)
+                if not future.done():  # cancelled once the engine stopped waiting
+                    future.get_loop().call_soon_threadsafe(_settle_future, future, outcome)
+        except RuntimeError:
+            pass  # the engine's loop has closed: nobody waits for this lane any more
+        finally:
+            if self._conn is not None:
+                with contextlib.suppress(Exception):
+                    self._conn.close()
+
+    def _one(self, call: Callable[[psycopg.Connection | None], Failure | None]) -> Failure | None:
+        if self._conn is None:
+            try:
+                self._conn = self._connect()
+            except BaseException as exc:
+                return failure_of(exc)
+        conn = self._conn
+        failure = call(conn)
+        keep, left_open = reset(conn, self._pgbouncer)
+        if not keep:
+            with contextlib.suppress(Exception):
+                conn.close()
+            self._conn = None
+        return failure or (LEFT_OPEN if left_open else None)
+
+
+def _settle_future(future: asyncio.Future[Failure | None], outcome: Failure | None) -> None:
+    if not future.done():
+        future.set_result(outcome)

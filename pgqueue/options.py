@@ -1,0 +1,151 @@
+"""A worker's options: one frozen dataclass, checked once, shared by ``Worker``,
+``AsyncWorker`` and the engine under both."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+from .db import pgbouncer_mode, resolve_dsn
+from .errors import BadInput
+from .params import MAX_BACKOFF, MAX_LEASE, _lease, _seconds, queue_names
+from .tasks import Tasks
+
+
+class WorkerKeywords(TypedDict, total=False):
+    """The keyword arguments of ``Worker`` and ``AsyncWorker`` (see ``WorkerOptions.of``)."""
+
+    queue: str | Sequence[str] | None
+    dsn: str | None
+    concurrency: int
+    batch: int
+    lease: float
+    poll_interval: float
+    listen: bool
+    listen_dsn: str | None
+    pgbouncer: bool | None
+    reap_interval: float
+    backoff: float
+    timeout: float | None
+    complete_in_batches: bool
+    flush_after: float
+    connections: int | None
+    burst: bool
+    name: str
+    record_events: bool
+
+
+def whole(what: str, value: object, lower: int, upper: int) -> int:
+    """``value`` if it is a whole number from ``lower`` to ``upper``, else a one-line error."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lower <= value <= upper:
+        raise BadInput(f"{what} must be a whole number from {lower} to {upper}, got {value!r}")
+    return value
+
+
+def _interval(what: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e6:
+        raise BadInput(f"{what} must be a positive number of seconds, got {value!r}")
+    if not math.isfinite(value):
+        raise BadInput(f"{what} must be a finite number of seconds, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """What a worker was asked to do; ``WorkerOptions.of(...)`` checks every value once
+    (a one-line ``BadInput`` naming the option) and fills in what follows from the others."""
+
+    queues: tuple[str, ...]
+    dsn: str
+    concurrency: int = 1
+    batch: int = 1
+    lease: float = 30.0
+    poll_interval: float = 2.0
+    listen: bool = True
+    listen_dsn: str | None = None
+    pgbouncer: bool = False
+    reap_interval: float = 5.0
+    backoff: float = 1.0
+    timeout: float | None = None
+    complete_in_batches: bool = True
+    flush_after: float = 0.05
+    connections: int = 1  # connections lent to async handlers at once
+    burst: bool = False
+    name: str = "worker"
+    record_events: bool = True
+    tasks: Tasks | None = field(default=None, compare=False)
+
+    @classmethod
+    def of(
+        cls,
+        handler: Any,
+        *,
+        queue: str | Sequence[str] | None = None,
+        dsn: str | None = None,
+        concurrency: int = 1,
+        batch: int = 1,
+        lease: float = 30.0,
+        poll_interval: float = 2.0,
+        listen: bool = True,
+        listen_dsn: str | None = None,
+        pgbouncer: bool | None = None,
+        reap_interval: float = 5.0,
+        backoff: float = 1.0,
+        timeout: float | None = None,
+        complete_in_batches: bool = True,
+        flush_after: float = 0.05,
+        connections: int | None = None,
+        burst: bool = False,
+        name: str = "worker",
+        record_events: bool = True,
+    ) -> WorkerOptions:
+        """Check a worker's keyword arguments; what a claim or fail would refuse later is
+        refused here."""
+        if not callable(handler):
+            raise BadInput(f"handler must be callable, got {handler!r}")
+        whole("concurrency", concurrency, 1, 10_000)
+        whole("batch", batch, 1, 10_000)
+        if connections is not None:
+            whole("connections", connections, 1, 10_000)
+        if timeout is not None and not _seconds("timeout", timeout, upper=MAX_LEASE) > 0:
+            raise BadInput("timeout must be more than 0 seconds (or None for no timeout)")
+        if not isinstance(name, str) or not name.strip():
+            raise BadInput(f"name must be a non-empty string, got {name!r}")
+        tasks = handler if isinstance(handler, Tasks) else None
+        if queue is None:
+            queue = (tasks.queues or ["default"]) if tasks else "default"
+        return cls(
+            queues=tuple(queue_names(queue)),
+            dsn=resolve_dsn(dsn),
+            concurrency=concurrency,
+            batch=batch,
+            lease=_lease(lease),
+            poll_interval=_interval("poll_interval", poll_interval),
+            listen=bool(listen),
+            listen_dsn=listen_dsn,
+            # Behind PgBouncer in transaction mode a LISTEN would be lost with its server
+            # connection: listen only on a direct one (listen_dsn), else poll.
+            pgbouncer=pgbouncer_mode(pgbouncer),
+            reap_interval=_interval("reap_interval", reap_interval),
+            backoff=_seconds("backoff", backoff, upper=MAX_BACKOFF),
+            timeout=None if timeout is None else float(timeout),
+            complete_in_batches=bool(complete_in_batches),
+            flush_after=_seconds("flush_after", flush_after, upper=60.0),
+            connections=min(concurrency, 10) if connections is None else connections,
+            burst=bool(burst),
+            name=name,
+            record_events=bool(record_events),
+            tasks=tasks,
+        )
+
+    @property
+    def queue(self) -> str | list[str]:
+        """The queue, or the list of queues in preference order."""
+        return self.queues[0] if len(self.queues) == 1 else list(self.queues)
+
+    @property
+    def app_name(self) -> str:
+        """How the worker's sessions show in ``pg_stat_activity``."""
+        return f"pgqueue worker {self.name}"
