@@ -299,10 +299,13 @@ def _claim_args(queue: object, limit: object, lease: object) -> tuple[list[str],
 
 def _beat(job: Job, row: tuple[Any, ...] | None, deadline: float) -> bool:
     """A heartbeat's reply (the new ``lease_until``, or no row): push the job's lease and
-    local deadline on, or mark the job lost."""
+    local deadline on, or mark the job lost. A NULL ``lease_until`` (``heartbeat_many``:
+    the row was locked by another session) is neither: still held, not renewed."""
     if row is None:
         job.mark_lost()
         return False
+    if row[0] is None:
+        return True
     job.lease_until = row[0]
     job.deadline = max(job.deadline, deadline)
     return True

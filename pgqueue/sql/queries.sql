@@ -106,12 +106,29 @@ RETURNING lease_until;
 
 -- name: heartbeat_many
 -- Extend many leases in one statement, with their new lease_until; the (id, fence) pairs
--- not returned were lost.
-UPDATE jobs
-SET lease_until = now() + make_interval(secs => %(lease)s)
-FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS held(id, fence)
-WHERE jobs.id = held.id AND jobs.fence = held.fence AND jobs.status = 'running'
-RETURNING jobs.id, jobs.fence, jobs.lease_until;
+-- not returned were lost. A held row that another session has locked (a psql session's
+-- FOR UPDATE, a handler's job.transaction() at its commit) is skipped, not waited for,
+-- and returned with a NULL lease_until: still held, not renewed this time. So one locked
+-- row never holds up the heartbeats of every other job.
+WITH held AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS held(id, fence)
+), free AS (
+    SELECT jobs.id
+    FROM jobs JOIN held ON jobs.id = held.id AND jobs.fence = held.fence
+    WHERE jobs.status = 'running'
+    FOR NO KEY UPDATE OF jobs SKIP LOCKED
+), renewed AS (
+    UPDATE jobs
+    SET lease_until = now() + make_interval(secs => %(lease)s)
+    FROM free
+    WHERE jobs.id = free.id
+    RETURNING jobs.id, jobs.fence, jobs.lease_until
+)
+SELECT id, fence, lease_until FROM renewed
+UNION ALL
+SELECT jobs.id, jobs.fence, NULL
+FROM jobs JOIN held ON jobs.id = held.id AND jobs.fence = held.fence
+WHERE jobs.status = 'running' AND jobs.id NOT IN (SELECT id FROM free);
 
 -- name: complete
 -- Mark one job done, only if the caller still holds its fence.
@@ -156,6 +173,8 @@ WHERE id = %(id)s AND fence = %(fence)s AND status = 'running';
 -- name: reap
 -- Return jobs whose lease ran out; jobs that used every attempt go dead. last_error says
 -- why: a job that crashes its worker every time goes dead with this note, not a blank.
+-- SKIP LOCKED: a row another session has locked is left for the next round, never waited
+-- for (a reaper stuck behind one lock would hold up whatever shares its connection).
 UPDATE jobs
 SET status      = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'ready' END,
     run_at      = now(),
@@ -163,7 +182,12 @@ SET status      = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'ready' EN
     finished_at = CASE WHEN attempts >= max_attempts THEN now() END,
     last_error  = 'lease ran out on attempt ' || attempts || ' of ' || max_attempts
                   || ': its worker stopped heartbeating (crashed, hung or cut off)'
-WHERE status = 'running' AND lease_until < now()
+WHERE id IN (
+    SELECT id FROM jobs
+    WHERE status = 'running' AND lease_until < now()
+    FOR NO KEY UPDATE SKIP LOCKED
+)
+AND status = 'running' AND lease_until < now()
 RETURNING id, queue, status, fence;
 
 -- name: holds
