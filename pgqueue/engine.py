@@ -30,6 +30,7 @@ import heapq
 import inspect
 import logging
 import random
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -258,6 +259,7 @@ class Engine:
         self._pool = ConnectionPool(o.connections, self._connect_async, o.pgbouncer)
         self._tasks.append(asyncio.create_task(self._dispatch(), name=f"pgqueue-{o.name}"))
         self._tasks.append(asyncio.create_task(self._keep(), name=f"pgqueue-{o.name}-keeper"))
+        self._tasks.append(asyncio.create_task(self._reaping(), name=f"pgqueue-{o.name}-reaper"))
         if o.listen and o.pgbouncer and not o.listen_dsn:
             log.warning(
                 "%s: behind PgBouncer LISTEN needs a direct connection (listen_dsn, "
@@ -381,12 +383,8 @@ class Engine:
         """Claim and start jobs until stopped (or a dry queue in burst mode); an error is
         logged and the dispatcher carries on after a backoff. Then give back what waits."""
         delay = 0.05
-        next_reap = time.monotonic() + self.options.reap_interval * random.uniform(0.5, 1.0)
         while self.phase == Phase.WORKING:
             try:
-                if time.monotonic() >= next_reap:
-                    await self._reap()
-                    next_reap = time.monotonic() + self.options.reap_interval
                 if not await self._dispatch_once():
                     break
                 delay = 0.05
@@ -525,7 +523,7 @@ class Engine:
         handler: asyncio.Future[Failure | None]
         if claim.plain:
             lane = self._lane()
-            handler = lane.run(functools.partial(self._call_plain, job))
+            handler = lane.run(functools.partial(self._call_plain, job, claim.lane))
         else:
             handler = asyncio.create_task(self._call_async(job), name=f"pgqueue-{claim.lane}-h")
         try:
@@ -568,8 +566,10 @@ class Engine:
         self._busy_lanes.discard(lane)
         lane.retire()
 
-    def _call_plain(self, job: Job, conn: psycopg.Connection | None) -> Failure | None:
-        """On a lane thread: the plain handler with the lane's connection as ``job.conn``."""
+    def _call_plain(self, job: Job, lane: str, conn: psycopg.Connection | None) -> Failure | None:
+        """On a lane thread: the plain handler with the lane's connection as ``job.conn``.
+        The thread takes the lane's name meanwhile (for logs, py-spy and the course)."""
+        threading.current_thread().name = f"pgqueue-{lane}"
         job.conn = conn
         try:
             result = self.handler(job)
@@ -882,6 +882,24 @@ class Engine:
                 claim.lane,
                 job.id,
             )
+
+    async def _reaping(self) -> None:
+        """Run the reaper every ``reap_interval`` (the first at a random point of the
+        first interval, so workers started together spread out). It shares the claims'
+        connection: its statement skips locked rows, so it never waits for anyone."""
+        await asyncio.sleep(self.options.reap_interval * random.uniform(0.5, 1.0))
+        while self.phase == Phase.WORKING:
+            try:
+                await self._reap()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                await self._claims_link.drop()
+                if self.phase != Phase.WORKING or await self._broken_setup(exc):
+                    return
+                level = logging.WARNING if isinstance(exc, DISCONNECTS) else logging.ERROR
+                log.log(level, "%s: reaper: %s", self.options.name, describe(exc))
+            await asyncio.sleep(self.options.reap_interval)
 
     async def _reap(self) -> None:
         queue = await self._claims_link.get()

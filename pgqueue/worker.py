@@ -129,7 +129,10 @@ class Worker(Face):
             raise RuntimeError(f"worker {self.options.name} was already started")
         started: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(
-            target=self._serve, args=(started,), daemon=True, name=f"pgqueue-{self.options.name}"
+            target=self._serve,
+            args=(started,),
+            daemon=True,
+            name=f"pgqueue-{self.options.name}-engine",
         )
         self._thread.start()
         started.result()

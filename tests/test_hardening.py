@@ -204,7 +204,7 @@ def test_a_hung_handler_is_failed_at_its_timeout_and_its_lane_replaced(
     wait_for(lambda: worker.events.count("complete") >= len(others), what="the completions")
     assert worker.timed_out == 1
     # the hung handler's thread still runs, retired; another lane thread ran the rest
-    lanes = [t for t in threading.enumerate() if t.name.startswith("pgqueue-worker-lane")]
+    lanes = [t for t in threading.enumerate() if t.name == "pgqueue-worker"]  # lane threads
     assert len(lanes) >= 2
     hang_over.set()
     wait_for(lambda: "write" in late, what="the stale handler to return")

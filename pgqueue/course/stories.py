@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
 from psycopg import sql
@@ -138,8 +138,13 @@ class NoHeartbeatWorker(Worker):
     lease runs out on the server while the handler runs, and the worker can only learn
     it from its own clock (``job.lost``)."""
 
-    def _heartbeat(self, queue: Queue) -> None:
-        """Send nothing: as if every heartbeat were lost on the way."""
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+
+        async def lost_on_the_way(queue: Any) -> None:
+            """Send nothing: as if every heartbeat were lost on the way."""
+
+        self.engine._heartbeat = lost_on_the_way  # type: ignore[method-assign]
 
 
 class ReaperRace(NamedTuple):
