@@ -19,15 +19,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from . import statements
 from .async_job import AsyncJob
 from .db import _connecting, pgbouncer_mode, resolve_dsn
-from .errors import PgQueueError
+from .errors import KeyRace, PgQueueError
 from .params import (
     _KEY_TRIES,
     COPY_TYPES,
     INSTALL_LOCK,
+    Retried,
     _beat,
     _beat_many,
     _claim_args,
@@ -279,13 +281,21 @@ class AsyncQueue:
 
     async def retry_dead(
         self, queue: str | None = None, *, ids: Sequence[int] | None = None, extra: int = 1
-    ) -> list[int]:
-        """``Queue.retry_dead``: dead jobs of ``queue`` (or among ``ids``) ready again."""
+    ) -> Retried:
+        """``Queue.retry_dead``: dead jobs of ``queue`` (or among ``ids``) ready again, but
+        those whose key is taken (listed in the result's ``skipped``)."""
         plan = _retry_dead_plan(queue, ids, extra)
         if plan is None:
-            return []  # no ids: retry none (not "no filter")
+            return Retried()  # no ids: retry none (not "no filter")
         name, params = plan
-        return _retried(name, await self._all(name, params))
+        for _ in range(_KEY_TRIES):
+            try:
+                return _retried(name, await self._all(name, params))
+            except KeyRace as exc:
+                race = exc  # a key taken after the statement began; a new one sees it
+                if self.conn.info.transaction_status != TransactionStatus.IDLE:
+                    raise  # inside a transaction of yours, which is now aborted
+        raise race
 
     async def get(self, job_id: int) -> JobState | None:
         """The job with this id as it is now, or None if there is none."""
@@ -338,7 +348,7 @@ class AsyncQueue:
             query = statements.query(name)
             return await (conn or self.conn).execute(query, params, prepare=prepare)
         except psycopg.Error as exc:
-            mapped = pgqueue_error(exc)
+            mapped = pgqueue_error(exc, name)
             if mapped is None:
                 raise
             raise mapped from None

@@ -371,7 +371,11 @@ def cmd_retry_dead(args: argparse.Namespace) -> None:
         ids = q.retry_dead(args.queue, ids=args.ids, extra=args.extra)
     where = f"on {args.queue or 'default'!r}" if args.ids is None else "of the ids given"
     print(f"requeued {len(ids)} dead job(s) {where}")
-    if args.ids is not None and (skipped := sorted(set(args.ids) - set(ids))):
+    if ids.skipped:
+        held = (f"job {j.id} (key {j.key!r} is held by job {j.held_by})" for j in ids.skipped)
+        print(f"left dead: {', '.join(held)}; let the holder finish or cancel it, then retry")
+    left = {j.id for j in ids.skipped}
+    if args.ids is not None and (skipped := sorted(set(args.ids) - set(ids) - left)):
         print(f"not dead (or not found{' in that queue' if args.queue else ''}): {skipped}")
 
 

@@ -8,13 +8,13 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg.types.json import Jsonb
 
 from .db import first_line
-from .errors import MAX_RETRY_DELAY, BadInput, NotInstalled, PgQueueError
+from .errors import MAX_RETRY_DELAY, BadInput, KeyRace, NotInstalled, PgQueueError
 from .job import Job
 
 MAX_LEASE = 7 * 24 * 3600.0  # seconds; longer leases are a mistake, not a choice
@@ -166,11 +166,22 @@ def _held(jobs: Sequence[Job]) -> dict[str, list[int]]:
 COPY_TYPES = ["bigint", "text", "jsonb", "timestamptz", "integer", "integer"]  # enqueue_copy
 
 
-def pgqueue_error(exc: psycopg.Error) -> PgQueueError | None:
-    """The one-line pgqueue error a driver error stands for, or None to let it through."""
+RETRY_DEAD = ("retry_dead", "retry_dead_ids")
+
+
+def pgqueue_error(exc: psycopg.Error, name: str | None = None) -> PgQueueError | None:
+    """The one-line pgqueue error a driver error of statement ``name`` stands for, or None
+    to let it through."""
     if isinstance(exc, psycopg.errors.UniqueViolation):
         if exc.diag.constraint_name != "jobs_key_idx":
             return None
+        if name in RETRY_DEAD:
+            # The statement skips taken keys; one taken after its snapshot still stops it.
+            return KeyRace(
+                f"retry_dead: a job enqueued meanwhile took a dead job's key "
+                f"({(exc.diag.message_detail or '').rstrip('.')}); nothing was retried: "
+                "run it again"
+            )
         return BadInput(
             "a job with the same key is ready or running in that queue: "
             "let it finish or cancel it first"
@@ -371,9 +382,30 @@ def _retry_dead_plan(
     return "retry_dead_ids", {"ids": list(ids), "queue": named, "extra": extra}
 
 
-def _retried(name: str, rows: list[tuple[Any, ...]]) -> list[int]:
-    ids = [int(r[0]) for r in rows]
-    return sorted(ids) if name == "retry_dead_ids" else ids
+class LeftDead(NamedTuple):
+    """A dead job ``retry_dead`` left dead because its key is taken: by job ``held_by``,
+    ready or running (or a newer dead job of the key, retried in its place)."""
+
+    id: int
+    key: str
+    held_by: int
+
+
+class Retried(list[int]):
+    """What ``retry_dead`` returns: the ids of the jobs made ready again (a list), and in
+    ``skipped`` the dead jobs it left dead because their key is taken, by id."""
+
+    def __init__(self, ids: Iterable[int] = (), skipped: Iterable[LeftDead] = ()) -> None:
+        super().__init__(ids)
+        self.skipped: list[LeftDead] = sorted(skipped)
+
+
+def _retried(name: str, rows: list[tuple[Any, ...]]) -> Retried:
+    """``retry_dead``'s reply: (id, NULL, NULL) per job retried, (id, key, held_by) per
+    job left dead."""
+    ids = [int(r[0]) for r in rows if r[2] is None]
+    skipped = [LeftDead(int(r[0]), r[1], int(r[2])) for r in rows if r[2] is not None]
+    return Retried(sorted(ids) if name == "retry_dead_ids" else ids, skipped)
 
 
 def _stats_rows(

@@ -177,27 +177,63 @@ WHERE id = %(job)s AND fence = %(fence)s AND status = 'running'
 
 -- name: retry_dead
 -- Give the dead jobs of a queue %(extra)s more attempts (attempts and fence keep counting).
-UPDATE jobs
-SET status       = 'ready',
-    run_at       = now(),
-    max_attempts = attempts + %(extra)s,
-    last_error   = NULL,
-    finished_at  = NULL
-WHERE queue = %(queue)s AND status = 'dead'
-RETURNING id;
+-- A dead job whose key is taken stays dead: by a ready or running job of the queue, or by
+-- a newer dead job of that key retried now. One row per dead job: its id, and for one left
+-- dead its key and the job that holds it. The unique index still decides: a key taken by
+-- an enqueue this statement's snapshot cannot see fails it whole (the caller runs it again).
+WITH dead AS (
+  SELECT d.id, d.key, coalesce(
+           (SELECT live.id FROM jobs AS live
+            WHERE live.queue = d.queue AND live.key = d.key
+              AND live.status IN ('ready', 'running')),
+           nullif(max(d.id) OVER (PARTITION BY d.key), d.id)) AS held_by
+  FROM jobs AS d
+  WHERE d.queue = %(queue)s AND d.status = 'dead'
+),
+retried AS (
+  UPDATE jobs
+  SET status       = 'ready',
+      run_at       = now(),
+      max_attempts = jobs.attempts + %(extra)s,
+      last_error   = NULL,
+      finished_at  = NULL
+  FROM dead
+  WHERE jobs.id = dead.id AND jobs.status = 'dead'
+    AND (dead.key IS NULL OR dead.held_by IS NULL)
+  RETURNING jobs.id
+)
+SELECT id, NULL::text AS key, NULL::bigint AS held_by FROM retried
+UNION ALL
+SELECT id, key, held_by FROM dead WHERE key IS NOT NULL AND held_by IS NOT NULL;
 
 -- name: retry_dead_ids
--- Give the dead jobs among %(ids)s %(extra)s more attempts: of any queue when %(queue)s
--- is NULL, else only that queue's.
-UPDATE jobs
-SET status       = 'ready',
-    run_at       = now(),
-    max_attempts = attempts + %(extra)s,
-    last_error   = NULL,
-    finished_at  = NULL
-WHERE id = ANY(%(ids)s::bigint[]) AND status = 'dead'
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-RETURNING id;
+-- Like retry_dead, for the dead jobs among %(ids)s: of any queue when %(queue)s is NULL,
+-- else only that queue's.
+WITH dead AS (
+  SELECT d.id, d.key, coalesce(
+           (SELECT live.id FROM jobs AS live
+            WHERE live.queue = d.queue AND live.key = d.key
+              AND live.status IN ('ready', 'running')),
+           nullif(max(d.id) OVER (PARTITION BY d.queue, d.key), d.id)) AS held_by
+  FROM jobs AS d
+  WHERE d.id = ANY(%(ids)s::bigint[]) AND d.status = 'dead'
+    AND (%(queue)s::text IS NULL OR d.queue = %(queue)s)
+),
+retried AS (
+  UPDATE jobs
+  SET status       = 'ready',
+      run_at       = now(),
+      max_attempts = jobs.attempts + %(extra)s,
+      last_error   = NULL,
+      finished_at  = NULL
+  FROM dead
+  WHERE jobs.id = dead.id AND jobs.status = 'dead'
+    AND (dead.key IS NULL OR dead.held_by IS NULL)
+  RETURNING jobs.id
+)
+SELECT id, NULL::text AS key, NULL::bigint AS held_by FROM retried
+UNION ALL
+SELECT id, key, held_by FROM dead WHERE key IS NOT NULL AND held_by IS NOT NULL;
 
 -- name: cancel
 -- Cancel a ready or running job. Its fence rises, so a running job's holder is refused

@@ -1,0 +1,140 @@
+"""Housekeeping at the edges: ``retry_dead`` when a dead job's key is taken again (Queue,
+AsyncQueue and the CLI), ``prune`` over a sparse id span, and ``stats``' latest error."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import psycopg
+import pytest
+from test_cli import pgqueue
+
+from conftest import rows
+from pgqueue import AsyncQueue, LeftDead, Queue
+
+
+def dead_job(dsn: str, queue: str, key: str | None) -> int:
+    """A job that used its one attempt and went dead, holding ``key``."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "INSERT INTO jobs (queue, payload, status, key, attempts, max_attempts, fence,"
+            " last_error, finished_at) VALUES (%s, '{}', 'dead', %s, 1, 1, 1, 'boom', now())"
+            " RETURNING id",
+            [queue, key],
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def status(dsn: str, job_id: int) -> str:
+    return rows(dsn, "SELECT status FROM jobs WHERE id = %s", [job_id])[0][0]
+
+
+# -- retry_dead: a key in use again --------------------------------------------------------
+def test_retry_dead_skips_a_dead_job_whose_key_is_taken_and_retries_the_others(
+    queue: Queue, dsn: str
+) -> None:
+    taken = dead_job(dsn, "q", "k")
+    holder = queue.enqueue({}, queue="q", key="k")  # the key is free again: a new job took it
+    plain = dead_job(dsn, "q", None)
+    other_key = dead_job(dsn, "q", "free")
+    retried = queue.retry_dead("q")
+    assert sorted(retried) == [plain, other_key]
+    assert retried.skipped == [LeftDead(taken, "k", holder)]
+    assert status(dsn, taken) == "dead"
+    assert {status(dsn, plain), status(dsn, other_key)} == {"ready"}
+
+
+def test_retry_dead_of_two_dead_jobs_with_one_key_retries_the_newest(
+    queue: Queue, dsn: str
+) -> None:
+    older, newer = dead_job(dsn, "q", "k"), dead_job(dsn, "q", "k")
+    retried = queue.retry_dead("q")
+    assert retried == [newer]
+    assert retried.skipped == [LeftDead(older, "k", newer)]
+    assert (status(dsn, older), status(dsn, newer)) == ("dead", "ready")
+
+
+def test_retry_dead_by_ids_skips_a_taken_key_too(queue: Queue, dsn: str) -> None:
+    taken, free = dead_job(dsn, "q", "k"), dead_job(dsn, "other", "k")
+    holder = queue.enqueue({}, queue="q", key="k")  # "other" has no live job with key k
+    retried = queue.retry_dead(ids=[free, taken])
+    assert retried == [free]
+    assert retried.skipped == [LeftDead(taken, "k", holder)]
+    nothing = queue.retry_dead(ids=[taken])
+    assert (nothing, nothing.skipped) == ([], [LeftDead(taken, "k", holder)])
+
+
+def test_async_retry_dead_skips_a_taken_key(dsn: str) -> None:
+    taken, plain = dead_job(dsn, "q", "k"), dead_job(dsn, "q", None)
+
+    async def main() -> None:
+        async with AsyncQueue(dsn) as q:
+            holder = await q.enqueue({}, queue="q", key="k")
+            retried = await q.retry_dead("q")
+            assert retried == [plain]
+            assert retried.skipped == [LeftDead(taken, "k", holder)]
+            by_id = await q.retry_dead(ids=[taken])
+            assert (by_id, by_id.skipped) == ([], [LeftDead(taken, "k", holder)])
+
+    asyncio.run(main())
+    assert status(dsn, taken) == "dead"
+
+
+def test_retry_dead_racing_an_enqueue_of_the_key_retries_the_others(queue: Queue, dsn: str) -> None:
+    """An enqueue of the key that commits after retry_dead's statement began: the unique
+    index stops the statement (its snapshot could not see the new job); it runs again,
+    sees the new holder, and retries every other dead job."""
+    taken, plain = dead_job(dsn, "q", "k"), dead_job(dsn, "q", None)
+    pid = queue.conn.info.backend_pid
+    with psycopg.connect(dsn) as racer:  # a transaction: the new job is not committed yet
+        holder = Queue(racer).enqueue({}, queue="q", key="k")
+        result: dict = {}
+
+        def retry() -> None:
+            try:
+                result["value"] = queue.retry_dead("q")
+            except BaseException as exc:  # reported below
+                result["error"] = exc
+
+        thread = threading.Thread(target=retry)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not rows(
+            dsn,
+            "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+            [pid],
+        ):  # retry_dead waits on the racer's insert in the unique index
+            assert thread.is_alive() and time.monotonic() < deadline, result
+            time.sleep(0.01)
+        racer.commit()
+        thread.join(30)
+    assert "error" not in result, result["error"]
+    assert result["value"] == [plain]
+    assert result["value"].skipped == [LeftDead(taken, "k", holder)]
+    assert (status(dsn, taken), status(dsn, plain)) == ("dead", "ready")
+
+
+def test_cli_retry_dead_says_which_jobs_were_left_dead_and_why(queue: Queue, dsn: str) -> None:
+    taken, plain = dead_job(dsn, "q", "k"), dead_job(dsn, "q", None)
+    holder = queue.enqueue({}, queue="q", key="k")
+    result = pgqueue("retry-dead", "q", dsn=dsn)
+    assert result.returncode == 0, result.stderr
+    assert "requeued 1 dead job(s) on 'q'" in result.stdout
+    assert f"left dead: job {taken} (key 'k' is held by job {holder})" in result.stdout
+    assert status(dsn, plain) == "ready"
+    by_id = pgqueue("retry-dead", "--id", str(taken), dsn=dsn)
+    assert by_id.returncode == 0, by_id.stderr
+    assert f"left dead: job {taken} (key 'k' is held by job {holder})" in by_id.stdout
+    assert "not dead" not in by_id.stdout  # it is dead: only its key is taken
+
+
+@pytest.mark.parametrize("extra", [1, 3])
+def test_retry_dead_still_gives_extra_attempts(queue: Queue, dsn: str, extra: int) -> None:
+    job = dead_job(dsn, "q", "k")
+    assert queue.retry_dead("q", extra=extra) == [job]
+    assert rows(dsn, "SELECT max_attempts, status FROM jobs WHERE id = %s", [job]) == [
+        (1 + extra, "ready")
+    ]
