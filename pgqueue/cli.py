@@ -7,6 +7,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -244,6 +245,19 @@ def _parse_json(text: str, where: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise BadInput(
             f"{where} is not JSON ({exc.msg} at column {exc.colno}); nothing was enqueued"
+        ) from None
+    except RecursionError:
+        raise BadInput(
+            f"{where} is nested too deeply for Python to read (arrays or objects inside "
+            f"each other, about {sys.getrecursionlimit()} levels at most); flatten it; "
+            "nothing was enqueued"
+        ) from None
+    except ValueError as exc:  # an integer past Python's int-string conversion limit
+        digits = re.search(r"limit \((\d+) digits\).*value has (\d+) digits", str(exc))
+        detail = f"{digits[2]} digits, at most {digits[1]}" if digits else first_line(exc)
+        raise BadInput(
+            f"{where} has an integer too long for Python to read ({detail}); "
+            "send it as a string; nothing was enqueued"
         ) from None
     if not isinstance(value, dict):
         raise BadInput(f'{where} must be a JSON object like \'{{"to": "a@example.com"}}\'')
