@@ -48,7 +48,7 @@ from .params import (
     _Keyed,
     _lease,
     _prune_args,
-    _prune_ranges,
+    _Pruning,
     _reserved,
     _retried,
     _retry_dead_plan,
@@ -319,15 +319,13 @@ class AsyncQueue:
         batch: int = 10_000,
         progress: Callable[[int, int], None] | None = None,
     ) -> int:
-        """``Queue.prune``: delete (or archive) finished jobs in short ranges of ids."""
-        age = _prune_args(older_than, batch)
-        span = await self._one("id_span", {})
-        removed = 0
-        for params, done, total in _prune_ranges(span, batch, age):
-            removed += (await self._run("prune_archive" if archive else "prune", params)).rowcount
+        """``Queue.prune``: delete (or archive) finished jobs, ``batch`` jobs a transaction."""
+        run = _Pruning(await self._one("id_span", {}), batch, _prune_args(older_than, batch))
+        while (params := run.params()) is not None:
+            run.took(await self._one("prune_archive" if archive else "prune", params))
             if progress is not None:
-                progress(done, total)
-        return removed
+                progress(*run.progress)
+        return run.removed
 
     # -- internals -------------------------------------------------------------------
     async def _one(

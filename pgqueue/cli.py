@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("prune", cmd_prune, "delete (or archive) finished jobs, in short batches")
     p.add_argument("--older-than", type=float, default=0.0, help="seconds since the job finished")
     p.add_argument("--archive", action="store_true", help="move them to jobs_archive")
-    p.add_argument("--batch", type=int, default=10_000, help="ids per transaction")
+    p.add_argument("--batch", type=int, default=10_000, help="jobs looked at per transaction")
 
     p = command("retry-dead", cmd_retry_dead, "give dead jobs more attempts")
     p.add_argument("queue", nargs="?", help="queue name (default 'default'; with --id: any)")

@@ -434,20 +434,35 @@ def _prune_args(older_than: object, batch: object) -> float:
         older_than = older_than.total_seconds()
     age = _seconds("older_than", older_than, upper=MAX_AGE)
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 10**7:
-        raise BadInput(f"batch must be a whole number of ids from 1 to 10000000, got {batch!r}")
+        raise BadInput(f"batch must be a whole number of jobs from 1 to 10000000, got {batch!r}")
     return age
 
 
-def _prune_ranges(
-    span: tuple[Any, ...] | None, batch: int, age: float
-) -> Iterable[tuple[dict[str, Any], int, int]]:
-    """For each range of ``batch`` ids: prune's parameters, ids done and ids in all."""
-    if span is None or span[0] is None:
-        return
-    low, high = int(span[0]), int(span[1])
-    for lo in range(low, high + 1, batch):
-        yield (
-            {"lo": lo, "hi": lo + batch, "older_than": age},
-            min(lo + batch, high + 1) - low,
-            high + 1 - low,
-        )
+class _Pruning:
+    """Where a prune run is: the next statement's parameters, what the replies added up
+    to, and the progress in ids (done, in all) between the two ends ``id_span`` found."""
+
+    def __init__(self, span: tuple[Any, ...] | None, batch: int, age: float) -> None:
+        self.low, self.high = 1, 0  # an empty table: nothing to look at
+        if span is not None and span[0] is not None:
+            self.low, self.high = int(span[0]), int(span[1])
+        self.after = self.low - 1  # the last id looked at
+        self.batch, self.age = batch, age
+        self.removed = 0
+
+    def params(self) -> dict[str, Any] | None:
+        """The next batch's parameters; None once the last id of the span was looked at."""
+        if self.after >= self.high:
+            return None
+        return {"after": self.after, "upto": self.high, "batch": self.batch, "older_than": self.age}
+
+    def took(self, row: tuple[Any, ...] | None) -> None:
+        """Take in a batch's reply: the last id it looked at (NULL: none left), and how many
+        jobs it removed."""
+        assert row is not None
+        self.after = self.high if row[0] is None else int(row[0])
+        self.removed += int(row[1])
+
+    @property
+    def progress(self) -> tuple[int, int]:
+        return self.after - self.low + 1, self.high - self.low + 1

@@ -42,7 +42,7 @@ from .params import (
     _lease,
     _prepare_many,
     _prune_args,
-    _prune_ranges,
+    _Pruning,
     _reserved,
     _retried,
     _retry_dead_plan,
@@ -335,17 +335,16 @@ class Queue:
         progress: Callable[[int, int], None] | None = None,
     ) -> int:
         """Delete (or move to ``jobs_archive``) the jobs that finished (done or cancelled)
-        more than ``older_than`` seconds ago; return how many. It walks the primary key in
-        ranges of ``batch`` ids, one short transaction each (never one long DELETE that
-        holds back vacuum); ``progress(ids_done, ids_total)`` is called after each range.
-        Dead jobs are kept: they wait for a person."""
-        age = _prune_args(older_than, batch)
-        removed = 0
-        for params, done, total in _prune_ranges(self._run("id_span", {}).fetchone(), batch, age):
-            removed += self._run("prune_archive" if archive else "prune", params).rowcount
+        more than ``older_than`` seconds ago; return how many. It walks the primary key
+        ``batch`` jobs at a time, one short transaction each (never one long DELETE that
+        holds back vacuum), however far apart their ids are; ``progress(ids_done,
+        ids_total)`` is called after each batch. Dead jobs are kept: they wait for a person."""
+        run = _Pruning(self._run("id_span", {}).fetchone(), batch, _prune_args(older_than, batch))
+        while (params := run.params()) is not None:
+            run.took(self._run("prune_archive" if archive else "prune", params).fetchone())
             if progress is not None:
-                progress(done, total)
-        return removed
+                progress(*run.progress)
+        return run.removed
 
     # -- internals -------------------------------------------------------------------
     def _run(

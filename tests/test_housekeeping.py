@@ -138,3 +138,85 @@ def test_retry_dead_still_gives_extra_attempts(queue: Queue, dsn: str, extra: in
     assert rows(dsn, "SELECT max_attempts, status FROM jobs WHERE id = %s", [job]) == [
         (1 + extra, "ready")
     ]
+
+
+# -- prune: statements in proportion to the rows, not to the span of ids -------------------
+def finished_job(dsn: str, queue: str, status: str, days_ago: float) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "INSERT INTO jobs (queue, payload, status, attempts, fence, finished_at)"
+            " VALUES (%s, '{}', %s, 1, 1, now() - make_interval(days => %s)) RETURNING id",
+            [queue, status, days_ago],
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_prune_over_a_sparse_id_span_runs_a_handful_of_statements(queue: Queue, dsn: str) -> None:
+    """One old dead job at id 1 and the next job 50 M ids later: prune used to walk the
+    span in ranges of ``batch`` ids (5,001 DELETEs, each a progress call, to remove one)."""
+    old_dead = dead_job(dsn, "q", None)
+    assert old_dead == 1
+    rows(dsn, "SELECT setval('jobs_id_seq', 50000000 - 1)")
+    old_done = finished_job(dsn, "q", "done", days_ago=2)
+    assert old_done == 50_000_000
+    calls: list[tuple[int, int]] = []
+    removed = queue.prune(
+        older_than=86400, progress=lambda done, total: calls.append((done, total))
+    )
+    assert removed == 1
+    assert 1 <= len(calls) <= 2, len(calls)
+    assert calls[-1] == (50_000_000, 50_000_000)  # ids done, ids in all: the whole span
+    assert rows(dsn, "SELECT id, status FROM jobs") == [(old_dead, "dead")]
+
+
+def test_prune_in_batches_removes_every_old_finished_job_and_nothing_else(
+    queue: Queue, dsn: str
+) -> None:
+    kept, gone = [], []
+    for i in range(25):  # interleaved, so that every batch holds some of each
+        kind = i % 5
+        if kind == 0:
+            kept.append(dead_job(dsn, "q", None))
+        elif kind == 1:
+            kept.append(finished_job(dsn, "q", "done", days_ago=0))  # too recent
+        elif kind == 2:
+            kept.append(queue.enqueue({}, queue="q"))
+        else:
+            gone.append(finished_job(dsn, "q", "done" if kind == 3 else "cancelled", 3))
+    calls: list[tuple[int, int]] = []
+    removed = queue.prune(86400, batch=10, progress=lambda d, t: calls.append((d, t)))
+    assert removed == len(gone) == 10
+    assert [i for (i,) in rows(dsn, "SELECT id FROM jobs ORDER BY id")] == sorted(kept)
+    assert len(calls) == 3  # 25 jobs, 10 a statement
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls) and calls[-1] == (25, 25)
+
+
+def test_prune_archive_moves_in_batches_and_async_prune_does_the_same(dsn: str) -> None:
+    first = finished_job(dsn, "q", "done", 3)
+    rows(dsn, "SELECT setval('jobs_id_seq', 10000000)")
+    second = finished_job(dsn, "q", "cancelled", 3)
+    recent = finished_job(dsn, "q", "done", 0)
+    with Queue(dsn) as q:
+        calls: list[tuple[int, int]] = []
+        assert q.prune(86400, archive=True, progress=lambda d, t: calls.append((d, t))) == 2
+    assert len(calls) == 1
+    assert rows(dsn, "SELECT id FROM jobs_archive ORDER BY id") == [(first,), (second,)]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE jobs SET finished_at = now() - interval '3 days' WHERE id = %s", [recent]
+        )
+
+    async def main() -> tuple[int, list[tuple[int, int]]]:
+        seen: list[tuple[int, int]] = []
+        async with AsyncQueue(dsn) as q:
+            removed = await q.prune(86400, progress=lambda d, t: seen.append((d, t)))
+        return removed, seen
+
+    removed, seen = asyncio.run(main())
+    assert (removed, len(seen)) == (1, 1)
+    assert rows(dsn, "SELECT count(*) FROM jobs") == [(0,)]
+    with Queue(dsn) as q:  # an empty table: nothing to walk
+        calls.clear()
+        assert q.prune(0, progress=lambda d, t: calls.append((d, t))) == 0
+        assert calls == []

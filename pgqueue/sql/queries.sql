@@ -288,26 +288,49 @@ ORDER BY queue, status;
 SELECT reltuples::float8 FROM pg_class WHERE oid = 'jobs'::regclass;
 
 -- name: id_span
--- The smallest and largest job id (two ends of the primary key: cheap), for pruning in ranges.
+-- The smallest and largest job id (two ends of the primary key: cheap): where prune stops.
 SELECT min(id), max(id) FROM jobs;
 
 -- name: prune
--- Delete the finished (done or cancelled) jobs with ids in [%(lo)s, %(hi)s) that finished
--- more than %(older_than)s seconds ago: one short transaction per range of ids. Rows
--- finished before finished_at existed count from run_at.
-DELETE FROM jobs
-WHERE id >= %(lo)s AND id < %(hi)s AND status IN ('done', 'cancelled')
-  AND coalesce(finished_at, run_at) < now() - make_interval(secs => %(older_than)s);
+-- Look at the next %(batch)s jobs after id %(after)s (up to id %(upto)s), in id order, and
+-- delete those finished (done or cancelled) more than %(older_than)s seconds ago: one short
+-- transaction per batch of jobs, so a run takes statements in proportion to the jobs the
+-- table holds, never to the span of their ids. Returns the last id looked at (NULL: none
+-- left) and how many were deleted. Rows finished before finished_at existed count from run_at.
+WITH batch AS (
+  SELECT max(id) AS last
+  FROM (SELECT id FROM jobs
+        WHERE id > %(after)s AND id <= %(upto)s
+        ORDER BY id
+        LIMIT %(batch)s) AS next_jobs
+),
+gone AS (
+  DELETE FROM jobs
+  WHERE id > %(after)s AND id <= (SELECT last FROM batch) AND status IN ('done', 'cancelled')
+    AND coalesce(finished_at, run_at) < now() - make_interval(secs => %(older_than)s)
+  RETURNING id
+)
+SELECT (SELECT last FROM batch), (SELECT count(*) FROM gone);
 
 -- name: prune_archive
--- Like prune, but move the jobs into jobs_archive, in one statement per range.
-WITH moved AS (
+-- Like prune, but move the jobs into jobs_archive, in one statement per batch.
+WITH batch AS (
+  SELECT max(id) AS last
+  FROM (SELECT id FROM jobs
+        WHERE id > %(after)s AND id <= %(upto)s
+        ORDER BY id
+        LIMIT %(batch)s) AS next_jobs
+),
+moved AS (
   DELETE FROM jobs
-  WHERE id >= %(lo)s AND id < %(hi)s AND status IN ('done', 'cancelled')
+  WHERE id > %(after)s AND id <= (SELECT last FROM batch) AND status IN ('done', 'cancelled')
     AND coalesce(finished_at, run_at) < now() - make_interval(secs => %(older_than)s)
   RETURNING *
+),
+archived AS (
+  INSERT INTO jobs_archive SELECT * FROM moved RETURNING 1
 )
-INSERT INTO jobs_archive SELECT * FROM moved;
+SELECT (SELECT last FROM batch), (SELECT count(*) FROM archived);
 
 -- name: notify_off
 -- Stop the wake-up hints: enqueues skip the NOTIFY (and its commit-time lock); workers poll.
