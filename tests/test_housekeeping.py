@@ -220,3 +220,55 @@ def test_prune_archive_moves_in_batches_and_async_prune_does_the_same(dsn: str) 
         calls.clear()
         assert q.prune(0, progress=lambda d, t: calls.append((d, t))) == 0
         assert calls == []
+
+
+# -- stats: the latest error, looked up, not aggregated ------------------------------------
+def test_stats_reads_one_error_per_queue_instead_of_aggregating_them_all(queue: Queue) -> None:
+    """The latest error of each queue comes from one row looked up through an index (newest
+    first, LIMIT 1), never from an array or string of every error text of the queue."""
+    from pgqueue import statements
+
+    queue.conn.execute("SET enable_seqscan = off")  # a tiny table: ask what it can use
+    plan = "\n".join(
+        r[0] for r in queue.conn.execute("EXPLAIN (VERBOSE) " + statements.query("stats"))
+    )
+    for aggregate in ("array_agg", "string_agg", "max(jobs.last_error", "min(jobs.last_error"):
+        assert aggregate not in plan, plan
+    assert "Index Scan Backward using jobs_dead_idx" in plan, plan
+    assert plan.count("Limit") >= 2, plan
+
+
+def test_stats_latest_error_is_the_newest_per_queue_and_status(queue: Queue, dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobs (queue, payload, status, attempts, max_attempts, fence,"
+            " last_error, started_at, finished_at) VALUES"
+            " ('a', '{}', 'dead', 1, 1, 1, 'old a', now() - interval '2 hours',"
+            "  now() - interval '2 hours'),"
+            " ('a', '{}', 'dead', 1, 1, 1, 'new a', now() - interval '1 hour',"
+            "  now() - interval '1 hour'),"
+            " ('a', '{}', 'dead', 1, 1, 1, 'older, id later', now() - interval '3 hours',"
+            "  now() - interval '3 hours'),"
+            " ('b', '{}', 'dead', 1, 1, 1, 'from before finished_at', NULL, NULL),"
+            " ('a', '{}', 'ready', 1, 5, 2, 'retry old', now() - interval '2 hours', NULL),"
+            " ('a', '{}', 'ready', 1, 5, 2, 'retry new', now() - interval '1 minute', NULL),"
+            " ('a', '{}', 'ready', 0, 5, 0, NULL, NULL, NULL),"
+            " ('b', '{}', 'ready', 0, 5, 0, NULL, NULL, NULL)"
+        )
+    stats = {(r["queue"], r["status"]): r for r in queue.stats() if not r["estimated"]}
+    assert {k: (r["jobs"], r["latest_error"]) for k, r in stats.items()} == {
+        ("a", "dead"): (3, "new a"),
+        ("a", "ready"): (3, "retry new"),
+        ("b", "dead"): (1, "from before finished_at"),
+        ("b", "ready"): (1, None),
+    }
+    assert list(stats) == sorted(stats)  # ordered by queue, then status, as before
+    names = next(r for r in queue.stats() if not r["estimated"]).keys()
+    assert list(names) == [
+        "queue",
+        "status",
+        "jobs",
+        "oldest_ready_seconds",
+        "latest_error",
+        "estimated",
+    ]

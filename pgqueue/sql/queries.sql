@@ -257,18 +257,31 @@ WHERE id = %(id)s;
 -- Live and dead jobs by queue, read through the partial indexes, so its cost does not grow
 -- with the done jobs the table holds: how many are ready, running and dead, how long the
 -- oldest runnable job has waited, and the latest error (of a job waiting to retry, or dead).
-SELECT queue, 'ready' AS status, count(*) AS jobs,
-       extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now()))::float8
-         AS oldest_ready_seconds,
-       (array_agg(last_error ORDER BY started_at DESC NULLS LAST)
-          FILTER (WHERE last_error IS NOT NULL))[1] AS latest_error
-FROM jobs WHERE status = 'ready' GROUP BY queue
+-- Each latest error is one row looked up per queue (the dead one through jobs_dead_idx,
+-- newest first), not picked from an aggregate of every error text.
+SELECT r.queue, 'ready' AS status, r.jobs, r.oldest_ready_seconds,
+       (SELECT j.last_error FROM jobs AS j
+        WHERE j.queue = r.queue AND j.status = 'ready' AND j.last_error IS NOT NULL
+        ORDER BY j.started_at DESC NULLS LAST
+        LIMIT 1) AS latest_error
+FROM (SELECT queue, count(*) AS jobs,
+             extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now()))::float8
+               AS oldest_ready_seconds
+      FROM jobs WHERE status = 'ready' GROUP BY queue) AS r
 UNION ALL
 SELECT queue, 'running', count(*), NULL, NULL
 FROM jobs WHERE status = 'running' GROUP BY queue
 UNION ALL
-SELECT queue, 'dead', count(*), NULL, (array_agg(last_error ORDER BY finished_at DESC NULLS LAST))[1]
-FROM jobs WHERE status = 'dead' GROUP BY queue
+SELECT d.queue, 'dead', d.jobs, NULL,
+       coalesce((SELECT j.last_error FROM jobs AS j
+                 WHERE j.queue = d.queue AND j.status = 'dead' AND j.finished_at IS NOT NULL
+                 ORDER BY j.finished_at DESC
+                 LIMIT 1),
+                -- only dead jobs from before finished_at existed: any one of them
+                (SELECT j.last_error FROM jobs AS j
+                 WHERE j.queue = d.queue AND j.status = 'dead' AND j.finished_at IS NULL
+                 LIMIT 1))
+FROM (SELECT queue, count(*) AS jobs FROM jobs WHERE status = 'dead' GROUP BY queue) AS d
 ORDER BY 1, 2;
 
 -- name: stats_exact
