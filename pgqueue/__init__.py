@@ -19,6 +19,7 @@ from .errors import (
     ConnectError,
     FenceConflict,
     GiveUp,
+    KeyRace,
     LeaseLost,
     NotInstalled,
     PgQueueError,
@@ -27,6 +28,7 @@ from .errors import (
 from .events import Event, EventLog
 from .fencing import async_fenced_write, fenced_write
 from .job import Job
+from .params import LeftDead, Retried
 from .queue import JobState, Queue, Reaped
 from .server import EmbeddedServer, default_server
 from .tasks import Task, Tasks
@@ -52,11 +54,14 @@ __all__ = [
     "GiveUp",
     "Job",
     "JobState",
+    "KeyRace",
     "LeaseLost",
+    "LeftDead",
     "NotInstalled",
     "PgQueueError",
     "Queue",
     "Reaped",
+    "Retried",
     "RetryAfter",
     "Task",
     "Tasks",

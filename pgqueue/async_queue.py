@@ -19,15 +19,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from . import statements
 from .async_job import AsyncJob
 from .db import _connecting, pgbouncer_mode, resolve_dsn
-from .errors import PgQueueError
+from .errors import KeyRace, PgQueueError
 from .params import (
     _KEY_TRIES,
     COPY_TYPES,
     INSTALL_LOCK,
+    Retried,
     _beat,
     _beat_many,
     _claim_args,
@@ -46,7 +48,7 @@ from .params import (
     _Keyed,
     _lease,
     _prune_args,
-    _prune_ranges,
+    _Pruning,
     _reserved,
     _retried,
     _retry_dead_plan,
@@ -280,13 +282,21 @@ class AsyncQueue:
 
     async def retry_dead(
         self, queue: str | None = None, *, ids: Sequence[int] | None = None, extra: int = 1
-    ) -> list[int]:
-        """``Queue.retry_dead``: dead jobs of ``queue`` (or among ``ids``) ready again."""
+    ) -> Retried:
+        """``Queue.retry_dead``: dead jobs of ``queue`` (or among ``ids``) ready again, but
+        those whose key is taken (listed in the result's ``skipped``)."""
         plan = _retry_dead_plan(queue, ids, extra)
         if plan is None:
-            return []  # no ids: retry none (not "no filter")
+            return Retried()  # no ids: retry none (not "no filter")
         name, params = plan
-        return _retried(name, await self._all(name, params))
+        for _ in range(_KEY_TRIES):
+            try:
+                return _retried(name, await self._all(name, params))
+            except KeyRace as exc:
+                race = exc  # a key taken after the statement began; a new one sees it
+                if self.conn.info.transaction_status != TransactionStatus.IDLE:
+                    raise  # inside a transaction of yours, which is now aborted
+        raise race
 
     async def get(self, job_id: int) -> JobState | None:
         """The job with this id as it is now, or None if there is none."""
@@ -310,15 +320,13 @@ class AsyncQueue:
         batch: int = 10_000,
         progress: Callable[[int, int], None] | None = None,
     ) -> int:
-        """``Queue.prune``: delete (or archive) finished jobs in short ranges of ids."""
-        age = _prune_args(older_than, batch)
-        span = await self._one("id_span", {})
-        removed = 0
-        for params, done, total in _prune_ranges(span, batch, age):
-            removed += (await self._run("prune_archive" if archive else "prune", params)).rowcount
+        """``Queue.prune``: delete (or archive) finished jobs, ``batch`` jobs a transaction."""
+        run = _Pruning(await self._one("id_span", {}), batch, _prune_args(older_than, batch))
+        while (params := run.params()) is not None:
+            run.took(await self._one("prune_archive" if archive else "prune", params))
             if progress is not None:
-                progress(done, total)
-        return removed
+                progress(*run.progress)
+        return run.removed
 
     # -- internals -------------------------------------------------------------------
     async def _one(
@@ -339,7 +347,7 @@ class AsyncQueue:
             query = statements.query(name)
             return await (conn or self.conn).execute(query, params, prepare=prepare)
         except psycopg.Error as exc:
-            mapped = pgqueue_error(exc)
+            mapped = pgqueue_error(exc, name)
             if mapped is None:
                 raise
             raise mapped from None

@@ -25,6 +25,11 @@ class ConnectError(PgQueueError):
     """No PostgreSQL server could be reached at the configured address."""
 
 
+class KeyRace(PgQueueError):
+    """A job's key was taken by an enqueue that committed while this statement ran, so
+    the unique index stopped it (nothing was written); running it again settles it."""
+
+
 class LeaseLost(PgQueueError):
     """This worker no longer holds the job: its fence is stale. Stop and discard the work."""
 

@@ -12,14 +12,17 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from . import statements
 from .db import connect, pgbouncer_mode
+from .errors import KeyRace
 from .job import Job
 from .params import (
     _KEY_TRIES,
     COPY_TYPES,
     INSTALL_LOCK,
+    Retried,
     _beat,
     _beat_many,
     _claim_args,
@@ -39,7 +42,7 @@ from .params import (
     _lease,
     _prepare_many,
     _prune_args,
-    _prune_ranges,
+    _Pruning,
     _reserved,
     _retried,
     _retry_dead_plan,
@@ -286,16 +289,25 @@ class Queue:
 
     def retry_dead(
         self, queue: str | None = None, *, ids: Sequence[int] | None = None, extra: int = 1
-    ) -> list[int]:
+    ) -> Retried:
         """Make dead jobs ready again with ``extra`` attempts and return their ids: every dead
         job of ``queue`` (default ``"default"``), or, with ``ids``, the dead jobs among those
         ids, looked up by id (with ``queue`` too, only those of that queue). Ids that are not
-        dead are left as they are: compare the result with what you asked for."""
+        dead are left as they are: compare the result with what you asked for. A dead job
+        whose key a ready or running job holds again stays dead, and the others are retried:
+        the result's ``skipped`` lists those (``LeftDead``: id, key, the job holding it)."""
         plan = _retry_dead_plan(queue, ids, extra)
         if plan is None:
-            return []  # no ids: retry none (not "no filter")
+            return Retried()  # no ids: retry none (not "no filter")
         name, params = plan
-        return _retried(name, self._run(name, params).fetchall())
+        for _ in range(_KEY_TRIES):
+            try:
+                return _retried(name, self._run(name, params).fetchall())
+            except KeyRace as exc:
+                race = exc  # a key taken after the statement began; a new one sees it
+                if self.conn.info.transaction_status != TransactionStatus.IDLE:
+                    raise  # inside a transaction of yours, which is now aborted
+        raise race
 
     def get(self, job_id: int) -> JobState | None:
         """The job with this id as it is now, or None if there is none."""
@@ -323,17 +335,16 @@ class Queue:
         progress: Callable[[int, int], None] | None = None,
     ) -> int:
         """Delete (or move to ``jobs_archive``) the jobs that finished (done or cancelled)
-        more than ``older_than`` seconds ago; return how many. It walks the primary key in
-        ranges of ``batch`` ids, one short transaction each (never one long DELETE that
-        holds back vacuum); ``progress(ids_done, ids_total)`` is called after each range.
-        Dead jobs are kept: they wait for a person."""
-        age = _prune_args(older_than, batch)
-        removed = 0
-        for params, done, total in _prune_ranges(self._run("id_span", {}).fetchone(), batch, age):
-            removed += self._run("prune_archive" if archive else "prune", params).rowcount
+        more than ``older_than`` seconds ago; return how many. It walks the primary key
+        ``batch`` jobs at a time, one short transaction each (never one long DELETE that
+        holds back vacuum), however far apart their ids are; ``progress(ids_done,
+        ids_total)`` is called after each batch. Dead jobs are kept: they wait for a person."""
+        run = _Pruning(self._run("id_span", {}).fetchone(), batch, _prune_args(older_than, batch))
+        while (params := run.params()) is not None:
+            run.took(self._run("prune_archive" if archive else "prune", params).fetchone())
             if progress is not None:
-                progress(done, total)
-        return removed
+                progress(*run.progress)
+        return run.removed
 
     # -- internals -------------------------------------------------------------------
     def _run(
@@ -351,7 +362,7 @@ class Queue:
                 prepare=self._prepare if prepare is None else prepare,
             )
         except psycopg.Error as exc:
-            mapped = pgqueue_error(exc)
+            mapped = pgqueue_error(exc, name)
             if mapped is None:
                 raise
             raise mapped from None
