@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -150,7 +151,7 @@ class AsyncQueue:
     ) -> Installation:
         """``Queue.install``: add what is missing, and on a current table lock nothing."""
         timeout = lock_timeout_setting(lock_timeout)
-        conn, changed = self.conn, []
+        conn, changed = self.conn, list[str]()
         step: Step | None = None  # what it was about to do, for InstallBlocked
         try:
             found = await self._catalog()
@@ -165,33 +166,17 @@ class AsyncQueue:
             if slow_steps(found):
                 if not conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
                     raise not_outside_a_transaction()
-                session = not self.pgbouncer  # see Queue.install
-                if session:
-                    cur = await conn.execute(block("current_lock_timeout"))
-                    [previous] = await cur.fetchone() or [""]
-                    await conn.execute(block("lock_timeout"), {"timeout": timeout, "local": False})
-                try:
-                    if session:
-                        await conn.execute(block("install_lock_session"), prepare=False)
-                    try:
-                        for step in slow_steps(await self._catalog()):
-                            if step.concurrent:
+                async with self._one_upgrade(timeout):
+                    for step in slow_steps(await self._catalog()):
+                        if step.concurrent:
+                            await conn.execute(step.statement, prepare=False)
+                        else:
+                            async with conn.transaction():
+                                await conn.execute(
+                                    block("lock_timeout"), {"timeout": timeout, "local": True}
+                                )
                                 await conn.execute(step.statement, prepare=False)
-                            else:
-                                async with conn.transaction():
-                                    await conn.execute(
-                                        block("lock_timeout"), {"timeout": timeout, "local": True}
-                                    )
-                                    await conn.execute(step.statement, prepare=False)
-                            changed.append(step.what)
-                    finally:
-                        if session:
-                            await conn.execute(block("install_unlock_session"), prepare=False)
-                finally:
-                    if session:
-                        await conn.execute(
-                            block("lock_timeout"), {"timeout": previous, "local": False}
-                        )
+                        changed.append(step.what)
                 step, found = None, await self._catalog()
         except psycopg.errors.LockNotAvailable:
             cur = await conn.execute(block("lock_holders"), prepare=False)
@@ -199,6 +184,24 @@ class AsyncQueue:
         except psycopg.errors.CheckViolation:
             raise bad_statuses() from None
         return Installation(changed, found.notify_trigger)
+
+    @asynccontextmanager
+    async def _one_upgrade(self, timeout: str) -> AsyncIterator[None]:
+        """``Queue._one_upgrade``: one upgrade at a time, under the lock timeout."""
+        if self.pgbouncer:
+            yield
+            return
+        conn = self.conn
+        [previous] = await (await conn.execute(block("current_lock_timeout"))).fetchone() or ["0"]
+        await conn.execute(block("lock_timeout"), {"timeout": timeout, "local": False})
+        try:
+            await conn.execute(block("install_lock_session"), prepare=False)
+            try:
+                yield
+            finally:
+                await conn.execute(block("install_unlock_session"), prepare=False)
+        finally:
+            await conn.execute(block("lock_timeout"), {"timeout": previous, "local": False})
 
     async def _catalog(self) -> Catalog:
         """What is installed, read from the catalog in one snapshot."""

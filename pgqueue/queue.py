@@ -7,7 +7,8 @@ Every write after a claim carries the job's fence and returns whether it took ef
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -138,7 +139,7 @@ class Queue:
         waits at most ``lock_timeout`` seconds, then ``InstallBlocked`` says who holds it.
         An upgrade builds indexes CONCURRENTLY, so it needs an autocommit connection."""
         timeout = lock_timeout_setting(lock_timeout)
-        conn, changed = self.conn, []
+        conn, changed = self.conn, list[str]()
         step: Step | None = None  # what it was about to do, for InstallBlocked
         try:
             found = self._catalog()
@@ -153,33 +154,17 @@ class Queue:
             if slow_steps(found):
                 if not conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
                     raise not_outside_a_transaction()
-                # Behind PgBouncer a session's setting or lock stays on a server connection
-                # another client gets next: there the index builds wait without a timeout
-                # (they stop no claims) and nothing keeps two upgrades apart.
-                session = not self.pgbouncer
-                if session:
-                    [previous] = conn.execute(block("current_lock_timeout")).fetchone() or [""]
-                    conn.execute(block("lock_timeout"), {"timeout": timeout, "local": False})
-                try:
-                    if session:
-                        conn.execute(block("install_lock_session"), prepare=False)
-                    try:
-                        for step in slow_steps(self._catalog()):
-                            if step.concurrent:
+                with self._one_upgrade(timeout):
+                    for step in slow_steps(self._catalog()):
+                        if step.concurrent:
+                            conn.execute(step.statement, prepare=False)
+                        else:
+                            with conn.transaction():
+                                conn.execute(
+                                    block("lock_timeout"), {"timeout": timeout, "local": True}
+                                )
                                 conn.execute(step.statement, prepare=False)
-                            else:
-                                with conn.transaction():
-                                    conn.execute(
-                                        block("lock_timeout"), {"timeout": timeout, "local": True}
-                                    )
-                                    conn.execute(step.statement, prepare=False)
-                            changed.append(step.what)
-                    finally:
-                        if session:
-                            conn.execute(block("install_unlock_session"), prepare=False)
-                finally:
-                    if session:
-                        conn.execute(block("lock_timeout"), {"timeout": previous, "local": False})
+                        changed.append(step.what)
                 step, found = None, self._catalog()
         except psycopg.errors.LockNotAvailable:
             holder = conn.execute(block("lock_holders"), prepare=False).fetchone()
@@ -187,6 +172,27 @@ class Queue:
         except psycopg.errors.CheckViolation:
             raise bad_statuses() from None
         return Installation(changed, found.notify_trigger)
+
+    @contextmanager
+    def _one_upgrade(self, timeout: str) -> Iterator[None]:
+        """One upgrade at a time, its statements under the lock timeout, the session's own
+        setting put back after. Behind PgBouncer a session's setting or lock would stay on a
+        server connection another client gets next: there the index builds wait without a
+        timeout (they stop no writes) and nothing keeps two upgrades apart."""
+        if self.pgbouncer:
+            yield
+            return
+        conn = self.conn
+        [previous] = conn.execute(block("current_lock_timeout")).fetchone() or ["0"]
+        conn.execute(block("lock_timeout"), {"timeout": timeout, "local": False})
+        try:
+            conn.execute(block("install_lock_session"), prepare=False)
+            try:
+                yield
+            finally:
+                conn.execute(block("install_unlock_session"), prepare=False)
+        finally:
+            conn.execute(block("lock_timeout"), {"timeout": previous, "local": False})
 
     def _catalog(self) -> Catalog:
         """What is installed, read from the catalog in one snapshot."""

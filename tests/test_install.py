@@ -240,6 +240,25 @@ def test_an_upgrade_of_a_first_release_table_with_rows(empty_dsn: str) -> None:
     assert rows(empty_dsn, "SELECT count(*) FROM jobs") == [(666,)]
 
 
+def test_async_upgrade_of_a_first_release_table(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(FIRST_RELEASE)
+
+    async def run() -> tuple[Installation, Installation, object]:
+        async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as conn:
+            q = AsyncQueue(conn)
+            done, again = await q.install(), await q.install()
+            return done, again, await (await conn.execute("SHOW lock_timeout")).fetchone()
+
+    done, again, setting = asyncio.run(run())
+    assert "built jobs_ready_idx concurrently" in done.changed
+    assert "validated the status check" in done.changed
+    assert again == Installation([], notify=True)
+    assert setting == ("0",)  # the session's own lock timeout is back
+    assert status_check_validated(empty_dsn) == [(True,)]
+    assert all(valid for valid, _ in indexes(empty_dsn).values())
+
+
 def test_an_index_upgrade_lets_claims_and_completions_go_on(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(OLD_READY_INDEX)
