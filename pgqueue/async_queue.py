@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,10 +26,23 @@ from . import statements
 from .async_job import AsyncJob
 from .db import _connecting, pgbouncer_mode, resolve_dsn
 from .errors import KeyRace, PgQueueError
+from .install import (
+    DEFAULT_LOCK_TIMEOUT,
+    Catalog,
+    Installation,
+    Step,
+    bad_statuses,
+    block,
+    blocked,
+    brief_steps,
+    catalog,
+    lock_timeout_setting,
+    not_outside_a_transaction,
+    slow_steps,
+)
 from .params import (
     _KEY_TRIES,
     COPY_TYPES,
-    INSTALL_LOCK,
     Retried,
     _beat,
     _beat_many,
@@ -134,13 +148,71 @@ class AsyncQueue:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def install(self, *, notify: bool = True) -> None:
-        """``Queue.install``: create or upgrade the jobs table (idempotent)."""
+    async def install(
+        self, *, notify: bool | None = None, lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+    ) -> Installation:
+        """``Queue.install``: add what is missing, and on a current table lock nothing."""
+        timeout = lock_timeout_setting(lock_timeout)
+        conn, changed = self.conn, list[str]()
+        step: Step | None = None  # what it was about to do, for InstallBlocked
+        try:
+            found = await self._catalog()
+            if brief_steps(found, notify):
+                async with conn.transaction():
+                    await conn.execute(block("lock_timeout"), {"timeout": timeout, "local": True})
+                    await conn.execute(block("install_lock"), prepare=False)
+                    for step in brief_steps(await self._catalog(), notify):
+                        await conn.execute(step.statement, prepare=False)
+                        changed.append(step.what)
+                step, found = None, await self._catalog()
+            if slow_steps(found):
+                if not conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+                    raise not_outside_a_transaction()
+                async with self._one_upgrade(timeout):
+                    for step in slow_steps(await self._catalog()):
+                        if step.concurrent:
+                            await conn.execute(step.statement, prepare=False)
+                        else:
+                            async with conn.transaction():
+                                await conn.execute(
+                                    block("lock_timeout"), {"timeout": timeout, "local": True}
+                                )
+                                await conn.execute(step.statement, prepare=False)
+                        changed.append(step.what)
+                step, found = None, await self._catalog()
+        except psycopg.errors.LockNotAvailable:
+            cur = await conn.execute(block("lock_holders"), prepare=False)
+            raise blocked(step, lock_timeout, await cur.fetchone()) from None
+        except psycopg.errors.CheckViolation:
+            raise bad_statuses() from None
+        return Installation(changed, found.notify_trigger)
+
+    @asynccontextmanager
+    async def _one_upgrade(self, timeout: str) -> AsyncIterator[None]:
+        """``Queue._one_upgrade``: one upgrade at a time, under the lock timeout."""
+        if self.pgbouncer:
+            yield
+            return
+        conn = self.conn
+        [previous] = await (await conn.execute(block("current_lock_timeout"))).fetchone() or ["0"]
+        await conn.execute(block("lock_timeout"), {"timeout": timeout, "local": False})
+        try:
+            await conn.execute(block("install_lock_session"), prepare=False)
+            try:
+                yield
+            finally:
+                await conn.execute(block("install_unlock_session"), prepare=False)
+        finally:
+            await conn.execute(block("lock_timeout"), {"timeout": previous, "local": False})
+
+    async def _catalog(self) -> Catalog:
+        """What is installed, read from the catalog in one snapshot."""
         async with self.conn.transaction():
-            await self.conn.execute(INSTALL_LOCK)
-            await self.conn.execute(statements.schema())
-            if not notify:
-                await self._run("notify_off", {})
+            found = await (await self.conn.execute(block("installed"), prepare=False)).fetchone()
+            cur = await self.conn.execute(block("installed_indexes"), prepare=False)
+            indexes = await cur.fetchall()
+        assert found is not None  # one row, always
+        return catalog(found, indexes)
 
     async def check(self) -> None:
         """Raise ``NotInstalled`` unless the jobs table exists (cheap: reads no rows)."""

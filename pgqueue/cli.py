@@ -16,6 +16,7 @@ import psycopg
 
 from .db import describe_dsn, first_line, mask_dsn, resolve_dsn
 from .errors import BadInput, PgQueueError
+from .install import DEFAULT_LOCK_TIMEOUT
 from .queue import Queue
 
 
@@ -83,9 +84,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("init", cmd_init, "create or upgrade the jobs table and its indexes (idempotent)")
     p.add_argument(
-        "--no-notify",
-        action="store_true",
-        help="no NOTIFY trigger: cheaper enqueues under many producers; workers poll",
+        "--notify",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="--no-notify drops the NOTIFY trigger (cheaper enqueues under many producers; "
+        "workers poll), --notify adds it; neither keeps what is installed (a new table gets it)",
+    )
+    p.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=DEFAULT_LOCK_TIMEOUT,
+        metavar="SECONDS",
+        help="how long a change may wait for a lock on jobs, then stop with who holds it "
+        f"(default {DEFAULT_LOCK_TIMEOUT:g})",
     )
 
     p = command("enqueue", cmd_enqueue, "add jobs: one JSON object, or one per stdin line")
@@ -204,8 +215,10 @@ def _queue(args: argparse.Namespace) -> Queue:
 
 def cmd_init(args: argparse.Namespace) -> None:
     with _queue(args) as q:
-        q.install(notify=not args.no_notify)
-    print("jobs table ready" + (" (no NOTIFY: workers poll)" if args.no_notify else ""))
+        done = q.install(notify=args.notify, lock_timeout=args.lock_timeout)
+    for change in done.changed:
+        print(change)
+    print("jobs table ready" + ("" if done.notify else " (no NOTIFY: workers poll)"))
 
 
 def cmd_enqueue(args: argparse.Namespace) -> None:

@@ -21,6 +21,11 @@ class NotInstalled(PgQueueError):
     """The jobs table does not exist in this database yet."""
 
 
+class InstallBlocked(PgQueueError):
+    """``install()`` gave up waiting for a lock (its ``lock_timeout``), most likely held by
+    a long transaction on ``jobs``: run it again when that transaction ends."""
+
+
 class ConnectError(PgQueueError):
     """No PostgreSQL server could be reached at the configured address."""
 

@@ -26,8 +26,6 @@ _KEY_TRIES = 5  # enqueues of one key racing each other settle within a try or t
 COPY_FROM = 2_000  # payloads; enqueue_many uses COPY from this many on (INSERT is as fast below)
 # One encoder for every payload: json.dumps with options builds a new one per call.
 _JSON = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
-# One installer at a time: CREATE ... IF NOT EXISTS races with itself (Queue and AsyncQueue).
-INSTALL_LOCK = "SELECT pg_advisory_xact_lock(hashtext('pgqueue.install'))"
 
 
 PREPARED_UP_TO = 100  # ids; larger arrays are planned at each call (see _prepare_many)

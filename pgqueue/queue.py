@@ -7,7 +7,8 @@ Every write after a claim carries the job's fence and returns whether it took ef
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -17,11 +18,24 @@ from psycopg.pq import TransactionStatus
 from . import statements
 from .db import connect, pgbouncer_mode
 from .errors import KeyRace
+from .install import (
+    DEFAULT_LOCK_TIMEOUT,
+    Catalog,
+    Installation,
+    Step,
+    bad_statuses,
+    block,
+    blocked,
+    brief_steps,
+    catalog,
+    lock_timeout_setting,
+    not_outside_a_transaction,
+    slow_steps,
+)
 from .job import Job
 from .params import (
     _KEY_TRIES,
     COPY_TYPES,
-    INSTALL_LOCK,
     Retried,
     _beat,
     _beat_many,
@@ -116,15 +130,79 @@ class Queue:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def install(self, *, notify: bool = True) -> None:
-        """Create the jobs table, its indexes and trigger if missing, or upgrade a table of
-        an earlier pgqueue (idempotent). ``notify=False`` leaves out the NOTIFY trigger:
-        enqueues get cheaper under many producers, and workers find jobs by polling."""
+    def install(
+        self, *, notify: bool | None = None, lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+    ) -> Installation:
+        """Create the jobs table, its indexes and trigger, or add what a table of an earlier
+        pgqueue lacks; on a current table change nothing and lock nothing (it reads the
+        catalog). ``notify``: True installs the NOTIFY trigger, False drops it (enqueues get
+        cheaper under many producers; workers find jobs by polling), None keeps what is
+        installed (a new table gets the trigger). A statement that needs a lock on jobs
+        waits at most ``lock_timeout`` seconds, then ``InstallBlocked`` says who holds it.
+        An upgrade builds indexes CONCURRENTLY, so it needs an autocommit connection."""
+        timeout = lock_timeout_setting(lock_timeout)
+        conn, changed = self.conn, list[str]()
+        step: Step | None = None  # what it was about to do, for InstallBlocked
+        try:
+            found = self._catalog()
+            if brief_steps(found, notify):
+                with conn.transaction():
+                    conn.execute(block("lock_timeout"), {"timeout": timeout, "local": True})
+                    conn.execute(block("install_lock"), prepare=False)
+                    for step in brief_steps(self._catalog(), notify):
+                        conn.execute(step.statement, prepare=False)
+                        changed.append(step.what)
+                step, found = None, self._catalog()
+            if slow_steps(found):
+                if not conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+                    raise not_outside_a_transaction()
+                with self._one_upgrade(timeout):
+                    for step in slow_steps(self._catalog()):
+                        if step.concurrent:
+                            conn.execute(step.statement, prepare=False)
+                        else:
+                            with conn.transaction():
+                                conn.execute(
+                                    block("lock_timeout"), {"timeout": timeout, "local": True}
+                                )
+                                conn.execute(step.statement, prepare=False)
+                        changed.append(step.what)
+                step, found = None, self._catalog()
+        except psycopg.errors.LockNotAvailable:
+            holder = conn.execute(block("lock_holders"), prepare=False).fetchone()
+            raise blocked(step, lock_timeout, holder) from None
+        except psycopg.errors.CheckViolation:
+            raise bad_statuses() from None
+        return Installation(changed, found.notify_trigger)
+
+    @contextmanager
+    def _one_upgrade(self, timeout: str) -> Iterator[None]:
+        """One upgrade at a time, its statements under the lock timeout, the session's own
+        setting put back after. Behind PgBouncer a session's setting or lock would stay on a
+        server connection another client gets next: there the index builds wait without a
+        timeout (they stop no writes) and nothing keeps two upgrades apart."""
+        if self.pgbouncer:
+            yield
+            return
+        conn = self.conn
+        [previous] = conn.execute(block("current_lock_timeout")).fetchone() or ["0"]
+        conn.execute(block("lock_timeout"), {"timeout": timeout, "local": False})
+        try:
+            conn.execute(block("install_lock_session"), prepare=False)
+            try:
+                yield
+            finally:
+                conn.execute(block("install_unlock_session"), prepare=False)
+        finally:
+            conn.execute(block("lock_timeout"), {"timeout": previous, "local": False})
+
+    def _catalog(self) -> Catalog:
+        """What is installed, read from the catalog in one snapshot."""
         with self.conn.transaction():
-            self.conn.execute(INSTALL_LOCK)
-            self.conn.execute(statements.schema())
-            if not notify:
-                self._run("notify_off", {})
+            found = self.conn.execute(block("installed"), prepare=False).fetchone()
+            indexes = self.conn.execute(block("installed_indexes"), prepare=False).fetchall()
+        assert found is not None  # one row, always
+        return catalog(found, indexes)
 
     def check(self) -> None:
         """Raise ``NotInstalled`` unless the jobs table exists (cheap: reads no rows)."""
