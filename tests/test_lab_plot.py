@@ -144,7 +144,7 @@ def test_timeline_draws_the_database_lease_and_a_mark_for_dead_jobs(queue: Queue
     dotted = [line for line in ax.lines if line.get_linestyle() == ":"]
     assert len(dotted) == 1 and abs(dotted[0].get_xdata()[0] - expiry) < 1e-9
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert "job dead (no attempts left)" in legend and "reaper takes the job back" not in legend
+    assert "job dead (not retried)" in legend and "reaper takes the job back" not in legend
     assert f"#{job.id} dead" in _texts(fig)
     _labels_apart(fig)
 
@@ -162,7 +162,7 @@ def test_timeline_marks_the_last_fail_of_a_dead_job_and_timeouts() -> None:
     )
     fig = plot.timeline(frame, dead=[7])
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert {"fail (retry later)", "job dead (no attempts left)", "fail: handler timed out"} <= set(
+    assert {"fail (retry later)", "job dead (not retried)", "fail: handler timed out"} <= set(
         legend
     )
     assert "#7 dead" in _texts(fig) and "timed out" in _texts(fig)
