@@ -27,6 +27,12 @@ test-fast: setup
 exercises: setup
 	$(PY) -m pgqueue.course.exercises
 
+## make data: refresh the committed benchmark results in data/ (full run, about 16 minutes;
+## BENCH_ARGS passes options on). Plain `pgqueue bench` writes outside the repository.
+.PHONY: data
+data: setup
+	$(VENV)/bin/pgqueue bench --out data $(BENCH_ARGS)
+
 ## make soak: ten minutes of real workers under kills, pauses, cut sessions and a restart
 soak: setup
 	$(VENV)/bin/pgqueue chaos --duration 600

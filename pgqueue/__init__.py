@@ -19,6 +19,8 @@ from .errors import (
     ConnectError,
     FenceConflict,
     GiveUp,
+    InstallBlocked,
+    KeyRace,
     LeaseLost,
     NotInstalled,
     PgQueueError,
@@ -27,6 +29,7 @@ from .errors import (
 from .events import Event, EventLog
 from .fencing import async_fenced_write, fenced_write
 from .job import Job
+from .params import LeftDead, Retried
 from .queue import JobState, Queue, Reaped
 from .server import EmbeddedServer, default_server
 from .tasks import Task, Tasks
@@ -50,13 +53,17 @@ __all__ = [
     "EventLog",
     "FenceConflict",
     "GiveUp",
+    "InstallBlocked",
     "Job",
     "JobState",
+    "KeyRace",
     "LeaseLost",
+    "LeftDead",
     "NotInstalled",
     "PgQueueError",
     "Queue",
     "Reaped",
+    "Retried",
     "RetryAfter",
     "Task",
     "Tasks",

@@ -14,20 +14,36 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from . import statements
 from .async_job import AsyncJob
 from .db import _connecting, pgbouncer_mode, resolve_dsn
-from .errors import PgQueueError
+from .errors import KeyRace, PgQueueError
+from .install import (
+    DEFAULT_LOCK_TIMEOUT,
+    Catalog,
+    Installation,
+    Step,
+    bad_statuses,
+    block,
+    blocked,
+    brief_steps,
+    catalog,
+    lock_timeout_setting,
+    not_outside_a_transaction,
+    slow_steps,
+)
 from .params import (
     _KEY_TRIES,
     COPY_TYPES,
-    INSTALL_LOCK,
+    Retried,
     _beat,
     _beat_many,
     _claim_args,
@@ -46,7 +62,7 @@ from .params import (
     _Keyed,
     _lease,
     _prune_args,
-    _prune_ranges,
+    _Pruning,
     _reserved,
     _retried,
     _retry_dead_plan,
@@ -132,13 +148,71 @@ class AsyncQueue:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def install(self, *, notify: bool = True) -> None:
-        """``Queue.install``: create or upgrade the jobs table (idempotent)."""
+    async def install(
+        self, *, notify: bool | None = None, lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+    ) -> Installation:
+        """``Queue.install``: add what is missing, and on a current table lock nothing."""
+        timeout = lock_timeout_setting(lock_timeout)
+        conn, changed = self.conn, list[str]()
+        step: Step | None = None  # what it was about to do, for InstallBlocked
+        try:
+            found = await self._catalog()
+            if brief_steps(found, notify):
+                async with conn.transaction():
+                    await conn.execute(block("lock_timeout"), {"timeout": timeout, "local": True})
+                    await conn.execute(block("install_lock"), prepare=False)
+                    for step in brief_steps(await self._catalog(), notify):
+                        await conn.execute(step.statement, prepare=False)
+                        changed.append(step.what)
+                step, found = None, await self._catalog()
+            if slow_steps(found):
+                if not conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+                    raise not_outside_a_transaction()
+                async with self._one_upgrade(timeout):
+                    for step in slow_steps(await self._catalog()):
+                        if step.concurrent:
+                            await conn.execute(step.statement, prepare=False)
+                        else:
+                            async with conn.transaction():
+                                await conn.execute(
+                                    block("lock_timeout"), {"timeout": timeout, "local": True}
+                                )
+                                await conn.execute(step.statement, prepare=False)
+                        changed.append(step.what)
+                step, found = None, await self._catalog()
+        except psycopg.errors.LockNotAvailable:
+            cur = await conn.execute(block("lock_holders"), prepare=False)
+            raise blocked(step, lock_timeout, await cur.fetchone()) from None
+        except psycopg.errors.CheckViolation:
+            raise bad_statuses() from None
+        return Installation(changed, found.notify_trigger)
+
+    @asynccontextmanager
+    async def _one_upgrade(self, timeout: str) -> AsyncIterator[None]:
+        """``Queue._one_upgrade``: one upgrade at a time, under the lock timeout."""
+        if self.pgbouncer:
+            yield
+            return
+        conn = self.conn
+        [previous] = await (await conn.execute(block("current_lock_timeout"))).fetchone() or ["0"]
+        await conn.execute(block("lock_timeout"), {"timeout": timeout, "local": False})
+        try:
+            await conn.execute(block("install_lock_session"), prepare=False)
+            try:
+                yield
+            finally:
+                await conn.execute(block("install_unlock_session"), prepare=False)
+        finally:
+            await conn.execute(block("lock_timeout"), {"timeout": previous, "local": False})
+
+    async def _catalog(self) -> Catalog:
+        """What is installed, read from the catalog in one snapshot."""
         async with self.conn.transaction():
-            await self.conn.execute(INSTALL_LOCK)
-            await self.conn.execute(statements.schema())
-            if not notify:
-                await self._run("notify_off", {})
+            found = await (await self.conn.execute(block("installed"), prepare=False)).fetchone()
+            cur = await self.conn.execute(block("installed_indexes"), prepare=False)
+            indexes = await cur.fetchall()
+        assert found is not None  # one row, always
+        return catalog(found, indexes)
 
     async def check(self) -> None:
         """Raise ``NotInstalled`` unless the jobs table exists (cheap: reads no rows)."""
@@ -280,13 +354,21 @@ class AsyncQueue:
 
     async def retry_dead(
         self, queue: str | None = None, *, ids: Sequence[int] | None = None, extra: int = 1
-    ) -> list[int]:
-        """``Queue.retry_dead``: dead jobs of ``queue`` (or among ``ids``) ready again."""
+    ) -> Retried:
+        """``Queue.retry_dead``: dead jobs of ``queue`` (or among ``ids``) ready again, but
+        those whose key is taken (listed in the result's ``skipped``)."""
         plan = _retry_dead_plan(queue, ids, extra)
         if plan is None:
-            return []  # no ids: retry none (not "no filter")
+            return Retried()  # no ids: retry none (not "no filter")
         name, params = plan
-        return _retried(name, await self._all(name, params))
+        for _ in range(_KEY_TRIES):
+            try:
+                return _retried(name, await self._all(name, params))
+            except KeyRace as exc:
+                race = exc  # a key taken after the statement began; a new one sees it
+                if self.conn.info.transaction_status != TransactionStatus.IDLE:
+                    raise  # inside a transaction of yours, which is now aborted
+        raise race
 
     async def get(self, job_id: int) -> JobState | None:
         """The job with this id as it is now, or None if there is none."""
@@ -310,15 +392,13 @@ class AsyncQueue:
         batch: int = 10_000,
         progress: Callable[[int, int], None] | None = None,
     ) -> int:
-        """``Queue.prune``: delete (or archive) finished jobs in short ranges of ids."""
-        age = _prune_args(older_than, batch)
-        span = await self._one("id_span", {})
-        removed = 0
-        for params, done, total in _prune_ranges(span, batch, age):
-            removed += (await self._run("prune_archive" if archive else "prune", params)).rowcount
+        """``Queue.prune``: delete (or archive) finished jobs, ``batch`` jobs a transaction."""
+        run = _Pruning(await self._one("id_span", {}), batch, _prune_args(older_than, batch))
+        while (params := run.params()) is not None:
+            run.took(await self._one("prune_archive" if archive else "prune", params))
             if progress is not None:
-                progress(done, total)
-        return removed
+                progress(*run.progress)
+        return run.removed
 
     # -- internals -------------------------------------------------------------------
     async def _one(
@@ -339,7 +419,7 @@ class AsyncQueue:
             query = statements.query(name)
             return await (conn or self.conn).execute(query, params, prepare=prepare)
         except psycopg.Error as exc:
-            mapped = pgqueue_error(exc)
+            mapped = pgqueue_error(exc, name)
             if mapped is None:
                 raise
             raise mapped from None

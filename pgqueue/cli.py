@@ -7,6 +7,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -15,6 +16,7 @@ import psycopg
 
 from .db import describe_dsn, first_line, mask_dsn, resolve_dsn
 from .errors import BadInput, PgQueueError
+from .install import DEFAULT_LOCK_TIMEOUT
 from .queue import Queue
 
 
@@ -82,9 +84,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("init", cmd_init, "create or upgrade the jobs table and its indexes (idempotent)")
     p.add_argument(
-        "--no-notify",
-        action="store_true",
-        help="no NOTIFY trigger: cheaper enqueues under many producers; workers poll",
+        "--notify",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="--no-notify drops the NOTIFY trigger (cheaper enqueues under many producers; "
+        "workers poll), --notify adds it; neither keeps what is installed (a new table gets it)",
+    )
+    p.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=DEFAULT_LOCK_TIMEOUT,
+        metavar="SECONDS",
+        help="how long a change may wait for a lock on jobs, then stop with who holds it "
+        f"(default {DEFAULT_LOCK_TIMEOUT:g})",
     )
 
     p = command("enqueue", cmd_enqueue, "add jobs: one JSON object, or one per stdin line")
@@ -153,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("prune", cmd_prune, "delete (or archive) finished jobs, in short batches")
     p.add_argument("--older-than", type=float, default=0.0, help="seconds since the job finished")
     p.add_argument("--archive", action="store_true", help="move them to jobs_archive")
-    p.add_argument("--batch", type=int, default=10_000, help="ids per transaction")
+    p.add_argument("--batch", type=int, default=10_000, help="jobs looked at per transaction")
 
     p = command("retry-dead", cmd_retry_dead, "give dead jobs more attempts")
     p.add_argument("queue", nargs="?", help="queue name (default 'default'; with --id: any)")
@@ -203,8 +215,10 @@ def _queue(args: argparse.Namespace) -> Queue:
 
 def cmd_init(args: argparse.Namespace) -> None:
     with _queue(args) as q:
-        q.install(notify=not args.no_notify)
-    print("jobs table ready" + (" (no NOTIFY: workers poll)" if args.no_notify else ""))
+        done = q.install(notify=args.notify, lock_timeout=args.lock_timeout)
+    for change in done.changed:
+        print(change)
+    print("jobs table ready" + ("" if done.notify else " (no NOTIFY: workers poll)"))
 
 
 def cmd_enqueue(args: argparse.Namespace) -> None:
@@ -244,6 +258,19 @@ def _parse_json(text: str, where: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise BadInput(
             f"{where} is not JSON ({exc.msg} at column {exc.colno}); nothing was enqueued"
+        ) from None
+    except RecursionError:
+        raise BadInput(
+            f"{where} is nested too deeply for Python to read (arrays or objects inside "
+            f"each other, about {sys.getrecursionlimit()} levels at most); flatten it; "
+            "nothing was enqueued"
+        ) from None
+    except ValueError as exc:  # an integer past Python's int-string conversion limit
+        digits = re.search(r"limit \((\d+) digits\).*value has (\d+) digits", str(exc))
+        detail = f"{digits[2]} digits, at most {digits[1]}" if digits else first_line(exc)
+        raise BadInput(
+            f"{where} has an integer too long for Python to read ({detail}); "
+            "send it as a string; nothing was enqueued"
         ) from None
     if not isinstance(value, dict):
         raise BadInput(f'{where} must be a JSON object like \'{{"to": "a@example.com"}}\'')
@@ -371,7 +398,11 @@ def cmd_retry_dead(args: argparse.Namespace) -> None:
         ids = q.retry_dead(args.queue, ids=args.ids, extra=args.extra)
     where = f"on {args.queue or 'default'!r}" if args.ids is None else "of the ids given"
     print(f"requeued {len(ids)} dead job(s) {where}")
-    if args.ids is not None and (skipped := sorted(set(args.ids) - set(ids))):
+    if ids.skipped:
+        held = (f"job {j.id} (key {j.key!r} is held by job {j.held_by})" for j in ids.skipped)
+        print(f"left dead: {', '.join(held)}; let the holder finish or cancel it, then retry")
+    left = {j.id for j in ids.skipped}
+    if args.ids is not None and (skipped := sorted(set(args.ids) - set(ids) - left)):
         print(f"not dead (or not found{' in that queue' if args.queue else ''}): {skipped}")
 
 

@@ -21,8 +21,18 @@ class NotInstalled(PgQueueError):
     """The jobs table does not exist in this database yet."""
 
 
+class InstallBlocked(PgQueueError):
+    """``install()`` gave up waiting for a lock (its ``lock_timeout``), most likely held by
+    a long transaction on ``jobs``: run it again when that transaction ends."""
+
+
 class ConnectError(PgQueueError):
     """No PostgreSQL server could be reached at the configured address."""
+
+
+class KeyRace(PgQueueError):
+    """A job's key was taken by an enqueue that committed while this statement ran, so
+    the unique index stopped it (nothing was written); running it again settles it."""
 
 
 class LeaseLost(PgQueueError):

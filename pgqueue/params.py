@@ -8,13 +8,13 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg.types.json import Jsonb
 
 from .db import first_line
-from .errors import MAX_RETRY_DELAY, BadInput, NotInstalled, PgQueueError
+from .errors import MAX_RETRY_DELAY, BadInput, KeyRace, NotInstalled, PgQueueError
 from .job import Job
 
 MAX_LEASE = 7 * 24 * 3600.0  # seconds; longer leases are a mistake, not a choice
@@ -26,8 +26,6 @@ _KEY_TRIES = 5  # enqueues of one key racing each other settle within a try or t
 COPY_FROM = 2_000  # payloads; enqueue_many uses COPY from this many on (INSERT is as fast below)
 # One encoder for every payload: json.dumps with options builds a new one per call.
 _JSON = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
-# One installer at a time: CREATE ... IF NOT EXISTS races with itself (Queue and AsyncQueue).
-INSTALL_LOCK = "SELECT pg_advisory_xact_lock(hashtext('pgqueue.install'))"
 
 
 PREPARED_UP_TO = 100  # ids; larger arrays are planned at each call (see _prepare_many)
@@ -166,11 +164,22 @@ def _held(jobs: Sequence[Job]) -> dict[str, list[int]]:
 COPY_TYPES = ["bigint", "text", "jsonb", "timestamptz", "integer", "integer"]  # enqueue_copy
 
 
-def pgqueue_error(exc: psycopg.Error) -> PgQueueError | None:
-    """The one-line pgqueue error a driver error stands for, or None to let it through."""
+RETRY_DEAD = ("retry_dead", "retry_dead_ids")
+
+
+def pgqueue_error(exc: psycopg.Error, name: str | None = None) -> PgQueueError | None:
+    """The one-line pgqueue error a driver error of statement ``name`` stands for, or None
+    to let it through."""
     if isinstance(exc, psycopg.errors.UniqueViolation):
         if exc.diag.constraint_name != "jobs_key_idx":
             return None
+        if name in RETRY_DEAD:
+            # The statement skips taken keys; one taken after its snapshot still stops it.
+            return KeyRace(
+                f"retry_dead: a job enqueued meanwhile took a dead job's key "
+                f"({(exc.diag.message_detail or '').rstrip('.')}); nothing was retried: "
+                "run it again"
+            )
         return BadInput(
             "a job with the same key is ready or running in that queue: "
             "let it finish or cancel it first"
@@ -374,9 +383,30 @@ def _retry_dead_plan(
     return "retry_dead_ids", {"ids": list(ids), "queue": named, "extra": extra}
 
 
-def _retried(name: str, rows: list[tuple[Any, ...]]) -> list[int]:
-    ids = [int(r[0]) for r in rows]
-    return sorted(ids) if name == "retry_dead_ids" else ids
+class LeftDead(NamedTuple):
+    """A dead job ``retry_dead`` left dead because its key is taken: by job ``held_by``,
+    ready or running (or a newer dead job of the key, retried in its place)."""
+
+    id: int
+    key: str
+    held_by: int
+
+
+class Retried(list[int]):
+    """What ``retry_dead`` returns: the ids of the jobs made ready again (a list), and in
+    ``skipped`` the dead jobs it left dead because their key is taken, by id."""
+
+    def __init__(self, ids: Iterable[int] = (), skipped: Iterable[LeftDead] = ()) -> None:
+        super().__init__(ids)
+        self.skipped: list[LeftDead] = sorted(skipped)
+
+
+def _retried(name: str, rows: list[tuple[Any, ...]]) -> Retried:
+    """``retry_dead``'s reply: (id, NULL, NULL) per job retried, (id, key, held_by) per
+    job left dead."""
+    ids = [int(r[0]) for r in rows if r[2] is None]
+    skipped = [LeftDead(int(r[0]), r[1], int(r[2])) for r in rows if r[2] is not None]
+    return Retried(sorted(ids) if name == "retry_dead_ids" else ids, skipped)
 
 
 def _stats_rows(
@@ -405,20 +435,35 @@ def _prune_args(older_than: object, batch: object) -> float:
         older_than = older_than.total_seconds()
     age = _seconds("older_than", older_than, upper=MAX_AGE)
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 10**7:
-        raise BadInput(f"batch must be a whole number of ids from 1 to 10000000, got {batch!r}")
+        raise BadInput(f"batch must be a whole number of jobs from 1 to 10000000, got {batch!r}")
     return age
 
 
-def _prune_ranges(
-    span: tuple[Any, ...] | None, batch: int, age: float
-) -> Iterable[tuple[dict[str, Any], int, int]]:
-    """For each range of ``batch`` ids: prune's parameters, ids done and ids in all."""
-    if span is None or span[0] is None:
-        return
-    low, high = int(span[0]), int(span[1])
-    for lo in range(low, high + 1, batch):
-        yield (
-            {"lo": lo, "hi": lo + batch, "older_than": age},
-            min(lo + batch, high + 1) - low,
-            high + 1 - low,
-        )
+class _Pruning:
+    """Where a prune run is: the next statement's parameters, what the replies added up
+    to, and the progress in ids (done, in all) between the two ends ``id_span`` found."""
+
+    def __init__(self, span: tuple[Any, ...] | None, batch: int, age: float) -> None:
+        self.low, self.high = 1, 0  # an empty table: nothing to look at
+        if span is not None and span[0] is not None:
+            self.low, self.high = int(span[0]), int(span[1])
+        self.after = self.low - 1  # the last id looked at
+        self.batch, self.age = batch, age
+        self.removed = 0
+
+    def params(self) -> dict[str, Any] | None:
+        """The next batch's parameters; None once the last id of the span was looked at."""
+        if self.after >= self.high:
+            return None
+        return {"after": self.after, "upto": self.high, "batch": self.batch, "older_than": self.age}
+
+    def took(self, row: tuple[Any, ...] | None) -> None:
+        """Take in a batch's reply: the last id it looked at (NULL: none left), and how many
+        jobs it removed."""
+        assert row is not None
+        self.after = self.high if row[0] is None else int(row[0])
+        self.removed += int(row[1])
+
+    @property
+    def progress(self) -> tuple[int, int]:
+        return self.after - self.low + 1, self.high - self.low + 1

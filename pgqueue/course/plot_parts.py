@@ -55,7 +55,7 @@ _MARKS: dict[str, tuple[str, dict[str, Any]]] = {
         {"marker": "P", "color": "darkorange", "s": 70},
     ),
     "reap": ("reaper takes the job back", {"marker": "^", "color": "black", "s": 60}),
-    "dead": ("job dead (no attempts left)", {"marker": "$\\dagger$", "color": "black", "s": 200}),
+    "dead": ("job dead (not retried)", {"marker": "$\\dagger$", "color": "black", "s": 200}),
     "crash": ("crash", {"marker": "*", "color": "black", "s": 160}),
     "rejected": ("late write rejected (0 rows)", {"marker": "X", "color": "red", "s": 110}),
 }

@@ -201,27 +201,63 @@ WHERE id = %(job)s AND fence = %(fence)s AND status = 'running'
 
 -- name: retry_dead
 -- Give the dead jobs of a queue %(extra)s more attempts (attempts and fence keep counting).
-UPDATE jobs
-SET status       = 'ready',
-    run_at       = now(),
-    max_attempts = attempts + %(extra)s,
-    last_error   = NULL,
-    finished_at  = NULL
-WHERE queue = %(queue)s AND status = 'dead'
-RETURNING id;
+-- A dead job whose key is taken stays dead: by a ready or running job of the queue, or by
+-- a newer dead job of that key retried now. One row per dead job: its id, and for one left
+-- dead its key and the job that holds it. The unique index still decides: a key taken by
+-- an enqueue this statement's snapshot cannot see fails it whole (the caller runs it again).
+WITH dead AS (
+  SELECT d.id, d.key, coalesce(
+           (SELECT live.id FROM jobs AS live
+            WHERE live.queue = d.queue AND live.key = d.key
+              AND live.status IN ('ready', 'running')),
+           nullif(max(d.id) OVER (PARTITION BY d.key), d.id)) AS held_by
+  FROM jobs AS d
+  WHERE d.queue = %(queue)s AND d.status = 'dead'
+),
+retried AS (
+  UPDATE jobs
+  SET status       = 'ready',
+      run_at       = now(),
+      max_attempts = jobs.attempts + %(extra)s,
+      last_error   = NULL,
+      finished_at  = NULL
+  FROM dead
+  WHERE jobs.id = dead.id AND jobs.status = 'dead'
+    AND (dead.key IS NULL OR dead.held_by IS NULL)
+  RETURNING jobs.id
+)
+SELECT id, NULL::text AS key, NULL::bigint AS held_by FROM retried
+UNION ALL
+SELECT id, key, held_by FROM dead WHERE key IS NOT NULL AND held_by IS NOT NULL;
 
 -- name: retry_dead_ids
--- Give the dead jobs among %(ids)s %(extra)s more attempts: of any queue when %(queue)s
--- is NULL, else only that queue's.
-UPDATE jobs
-SET status       = 'ready',
-    run_at       = now(),
-    max_attempts = attempts + %(extra)s,
-    last_error   = NULL,
-    finished_at  = NULL
-WHERE id = ANY(%(ids)s::bigint[]) AND status = 'dead'
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-RETURNING id;
+-- Like retry_dead, for the dead jobs among %(ids)s: of any queue when %(queue)s is NULL,
+-- else only that queue's.
+WITH dead AS (
+  SELECT d.id, d.key, coalesce(
+           (SELECT live.id FROM jobs AS live
+            WHERE live.queue = d.queue AND live.key = d.key
+              AND live.status IN ('ready', 'running')),
+           nullif(max(d.id) OVER (PARTITION BY d.queue, d.key), d.id)) AS held_by
+  FROM jobs AS d
+  WHERE d.id = ANY(%(ids)s::bigint[]) AND d.status = 'dead'
+    AND (%(queue)s::text IS NULL OR d.queue = %(queue)s)
+),
+retried AS (
+  UPDATE jobs
+  SET status       = 'ready',
+      run_at       = now(),
+      max_attempts = jobs.attempts + %(extra)s,
+      last_error   = NULL,
+      finished_at  = NULL
+  FROM dead
+  WHERE jobs.id = dead.id AND jobs.status = 'dead'
+    AND (dead.key IS NULL OR dead.held_by IS NULL)
+  RETURNING jobs.id
+)
+SELECT id, NULL::text AS key, NULL::bigint AS held_by FROM retried
+UNION ALL
+SELECT id, key, held_by FROM dead WHERE key IS NOT NULL AND held_by IS NOT NULL;
 
 -- name: cancel
 -- Cancel a ready or running job. Its fence rises, so a running job's holder is refused
@@ -245,18 +281,31 @@ WHERE id = %(id)s;
 -- Live and dead jobs by queue, read through the partial indexes, so its cost does not grow
 -- with the done jobs the table holds: how many are ready, running and dead, how long the
 -- oldest runnable job has waited, and the latest error (of a job waiting to retry, or dead).
-SELECT queue, 'ready' AS status, count(*) AS jobs,
-       extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now()))::float8
-         AS oldest_ready_seconds,
-       (array_agg(last_error ORDER BY started_at DESC NULLS LAST)
-          FILTER (WHERE last_error IS NOT NULL))[1] AS latest_error
-FROM jobs WHERE status = 'ready' GROUP BY queue
+-- Each latest error is one row looked up per queue (the dead one through jobs_dead_idx,
+-- newest first), not picked from an aggregate of every error text.
+SELECT r.queue, 'ready' AS status, r.jobs, r.oldest_ready_seconds,
+       (SELECT j.last_error FROM jobs AS j
+        WHERE j.queue = r.queue AND j.status = 'ready' AND j.last_error IS NOT NULL
+        ORDER BY j.started_at DESC NULLS LAST
+        LIMIT 1) AS latest_error
+FROM (SELECT queue, count(*) AS jobs,
+             extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now()))::float8
+               AS oldest_ready_seconds
+      FROM jobs WHERE status = 'ready' GROUP BY queue) AS r
 UNION ALL
 SELECT queue, 'running', count(*), NULL, NULL
 FROM jobs WHERE status = 'running' GROUP BY queue
 UNION ALL
-SELECT queue, 'dead', count(*), NULL, (array_agg(last_error ORDER BY finished_at DESC NULLS LAST))[1]
-FROM jobs WHERE status = 'dead' GROUP BY queue
+SELECT d.queue, 'dead', d.jobs, NULL,
+       coalesce((SELECT j.last_error FROM jobs AS j
+                 WHERE j.queue = d.queue AND j.status = 'dead' AND j.finished_at IS NOT NULL
+                 ORDER BY j.finished_at DESC
+                 LIMIT 1),
+                -- only dead jobs from before finished_at existed: any one of them
+                (SELECT j.last_error FROM jobs AS j
+                 WHERE j.queue = d.queue AND j.status = 'dead' AND j.finished_at IS NULL
+                 LIMIT 1))
+FROM (SELECT queue, count(*) AS jobs FROM jobs WHERE status = 'dead' GROUP BY queue) AS d
 ORDER BY 1, 2;
 
 -- name: stats_exact
@@ -276,26 +325,49 @@ ORDER BY queue, status;
 SELECT reltuples::float8 FROM pg_class WHERE oid = 'jobs'::regclass;
 
 -- name: id_span
--- The smallest and largest job id (two ends of the primary key: cheap), for pruning in ranges.
+-- The smallest and largest job id (two ends of the primary key: cheap): where prune stops.
 SELECT min(id), max(id) FROM jobs;
 
 -- name: prune
--- Delete the finished (done or cancelled) jobs with ids in [%(lo)s, %(hi)s) that finished
--- more than %(older_than)s seconds ago: one short transaction per range of ids. Rows
--- finished before finished_at existed count from run_at.
-DELETE FROM jobs
-WHERE id >= %(lo)s AND id < %(hi)s AND status IN ('done', 'cancelled')
-  AND coalesce(finished_at, run_at) < now() - make_interval(secs => %(older_than)s);
+-- Look at the next %(batch)s jobs after id %(after)s (up to id %(upto)s), in id order, and
+-- delete those finished (done or cancelled) more than %(older_than)s seconds ago: one short
+-- transaction per batch of jobs, so a run takes statements in proportion to the jobs the
+-- table holds, never to the span of their ids. Returns the last id looked at (NULL: none
+-- left) and how many were deleted. Rows finished before finished_at existed count from run_at.
+WITH batch AS (
+  SELECT max(id) AS last
+  FROM (SELECT id FROM jobs
+        WHERE id > %(after)s AND id <= %(upto)s
+        ORDER BY id
+        LIMIT %(batch)s) AS next_jobs
+),
+gone AS (
+  DELETE FROM jobs
+  WHERE id > %(after)s AND id <= (SELECT last FROM batch) AND status IN ('done', 'cancelled')
+    AND coalesce(finished_at, run_at) < now() - make_interval(secs => %(older_than)s)
+  RETURNING id
+)
+SELECT (SELECT last FROM batch), (SELECT count(*) FROM gone);
 
 -- name: prune_archive
--- Like prune, but move the jobs into jobs_archive, in one statement per range.
-WITH moved AS (
+-- Like prune, but move the jobs into jobs_archive, in one statement per batch.
+WITH batch AS (
+  SELECT max(id) AS last
+  FROM (SELECT id FROM jobs
+        WHERE id > %(after)s AND id <= %(upto)s
+        ORDER BY id
+        LIMIT %(batch)s) AS next_jobs
+),
+moved AS (
   DELETE FROM jobs
-  WHERE id >= %(lo)s AND id < %(hi)s AND status IN ('done', 'cancelled')
+  WHERE id > %(after)s AND id <= (SELECT last FROM batch) AND status IN ('done', 'cancelled')
     AND coalesce(finished_at, run_at) < now() - make_interval(secs => %(older_than)s)
   RETURNING *
+),
+archived AS (
+  INSERT INTO jobs_archive SELECT * FROM moved RETURNING 1
 )
-INSERT INTO jobs_archive SELECT * FROM moved;
+SELECT (SELECT last FROM batch), (SELECT count(*) FROM archived);
 
 -- name: notify_off
 -- Stop the wake-up hints: enqueues skip the NOTIFY (and its commit-time lock); workers poll.

@@ -1,7 +1,17 @@
--- pgqueue schema: the seed's jobs table, its two partial indexes, an archive for
--- pruned jobs, and a trigger that sends one wake-up hint per queue per statement.
--- Every statement is idempotent, so install() can run any number of times.
+-- pgqueue schema: the seed's jobs table, its four partial indexes, an archive for pruned
+-- jobs, and a trigger that sends one wake-up hint per queue per statement.
+--
+-- install() never runs this file whole. It reads the catalog first (`installed`,
+-- `installed_indexes`) and runs only the blocks for what is missing: on a new database
+-- every CREATE below in one transaction (the indexes without CONCURRENTLY: the table is
+-- new and empty); on a table of an earlier pgqueue the ALTERs, each index built
+-- CONCURRENTLY and the status check validated in a statement of its own, so claims,
+-- heartbeats and completions go on meanwhile. On a current table it changes nothing and
+-- takes no lock on jobs.
 
+-- name: jobs_table
+-- The table. Columns after last_error came after the first release: an older table gets
+-- them from add_columns, in the same order, so both kinds of table look alike.
 CREATE TABLE IF NOT EXISTS jobs (
   id           bigserial   PRIMARY KEY,
   queue        text        NOT NULL,
@@ -12,57 +22,79 @@ CREATE TABLE IF NOT EXISTS jobs (
   max_attempts int         NOT NULL DEFAULT 5,
   lease_until  timestamptz,
   fence        bigint      NOT NULL DEFAULT 0,
-  last_error   text
+  last_error   text,
+  priority     int         NOT NULL DEFAULT 0, -- higher first
+  key          text,                           -- unique while ready/running
+  started_at   timestamptz,                    -- the latest attempt began
+  finished_at  timestamptz,                    -- done, dead or cancelled
+  CONSTRAINT jobs_status_check CHECK (status IN ('ready', 'running', 'done', 'dead', 'cancelled'))
 );
 
--- Columns added after the first release: ADD COLUMN IF NOT EXISTS upgrades a table made
--- by an older pgqueue in place (`pgqueue init` again). jobs_archive gets the same columns
--- in the same order below, so pruning can move whole rows.
-ALTER TABLE jobs ADD COLUMN IF NOT EXISTS priority    int NOT NULL DEFAULT 0; -- higher first
-ALTER TABLE jobs ADD COLUMN IF NOT EXISTS key         text;        -- unique while ready/running
-ALTER TABLE jobs ADD COLUMN IF NOT EXISTS started_at  timestamptz; -- the latest attempt began
-ALTER TABLE jobs ADD COLUMN IF NOT EXISTS finished_at timestamptz; -- done, dead or cancelled
+-- name: add_columns
+-- Upgrade: the columns a first-release table lacks. A constant default makes this a
+-- catalog change (no rewrite), but it still needs a moment of ACCESS EXCLUSIVE lock.
+ALTER TABLE jobs
+  ADD COLUMN IF NOT EXISTS priority    int NOT NULL DEFAULT 0,
+  ADD COLUMN IF NOT EXISTS key         text,
+  ADD COLUMN IF NOT EXISTS started_at  timestamptz,
+  ADD COLUMN IF NOT EXISTS finished_at timestamptz;
 
--- The statuses a job can have, enforced (a table of the first release had no check).
-DO $$
-BEGIN
-  IF NOT EXISTS (SELECT 1 FROM pg_constraint
-                 WHERE conrelid = 'jobs'::regclass AND conname = 'jobs_status_check') THEN
-    ALTER TABLE jobs ADD CONSTRAINT jobs_status_check
-      CHECK (status IN ('ready', 'running', 'done', 'dead', 'cancelled'));
-  END IF;
-END $$;
+-- name: add_status_check
+-- Upgrade: the statuses a job can have, checked from now on; old rows are checked by
+-- validate_status_check, which does not stop writes (a first-release table had no check).
+ALTER TABLE jobs ADD CONSTRAINT jobs_status_check
+  CHECK (status IN ('ready', 'running', 'done', 'dead', 'cancelled')) NOT VALID;
 
+-- name: validate_status_check
+-- Upgrade: read every row once under a SHARE UPDATE EXCLUSIVE lock (writes go on).
+ALTER TABLE jobs VALIDATE CONSTRAINT jobs_status_check;
+
+-- name: jobs_ready_idx
 -- Ready jobs, in the claim's order (priority, then oldest, then first in), so the claim
 -- reads the first rows of this index instead of sorting every ready job. It stays small
--- however many done jobs the table holds. A table made by an older pgqueue has this index
--- without priority and id: rebuild it once.
-DO $$
-BEGIN
-  IF EXISTS (SELECT 1 FROM pg_indexes
-             WHERE schemaname = current_schema() AND indexname = 'jobs_ready_idx'
-               AND indexdef NOT LIKE '%(queue, priority DESC, run_at, id)%') THEN
-    DROP INDEX jobs_ready_idx;
-  END IF;
-END $$;
-CREATE INDEX IF NOT EXISTS jobs_ready_idx ON jobs (queue, priority DESC, run_at, id)
+-- however many done jobs the table holds. (A first-release table has it on (queue,
+-- run_at): install() sets that one aside, builds this one, then drops the old.)
+CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_ready_idx ON jobs (queue, priority DESC, run_at, id)
   WHERE status = 'ready';
+
+-- name: jobs_lease_idx
 -- Running jobs, for the reaper's lease check.
-CREATE INDEX IF NOT EXISTS jobs_lease_idx ON jobs (lease_until) WHERE status = 'running';
+CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_lease_idx ON jobs (lease_until)
+  WHERE status = 'running';
+
+-- name: jobs_dead_idx
 -- Dead jobs, which need a person: counted and listed by stats without reading done rows.
-CREATE INDEX IF NOT EXISTS jobs_dead_idx ON jobs (queue, finished_at) WHERE status = 'dead';
+CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_dead_idx ON jobs (queue, finished_at)
+  WHERE status = 'dead';
+
+-- name: jobs_key_idx
 -- A job's key is taken while the job is ready or running: the database enforces it, so
 -- concurrent enqueues cannot both add one. Also small: only live jobs with a key.
-CREATE UNIQUE INDEX IF NOT EXISTS jobs_key_idx ON jobs (queue, key)
+CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS jobs_key_idx ON jobs (queue, key)
   WHERE key IS NOT NULL AND status IN ('ready', 'running');
 
--- Where prune(archive=True) moves done jobs.
-CREATE TABLE IF NOT EXISTS jobs_archive (LIKE jobs);
-ALTER TABLE jobs_archive ADD COLUMN IF NOT EXISTS priority    int NOT NULL DEFAULT 0;
-ALTER TABLE jobs_archive ADD COLUMN IF NOT EXISTS key         text;
-ALTER TABLE jobs_archive ADD COLUMN IF NOT EXISTS started_at  timestamptz;
-ALTER TABLE jobs_archive ADD COLUMN IF NOT EXISTS finished_at timestamptz;
+-- name: set_index_aside
+-- Upgrade: an index of an older definition keeps serving claims under another name
+-- while its successor is built.
+ALTER INDEX {index} RENAME TO {aside};
 
+-- name: drop_index
+-- Upgrade: an index set aside, or left INVALID by an interrupted build (rebuilt next).
+DROP INDEX CONCURRENTLY IF EXISTS {index};
+
+-- name: archive_table
+-- Where prune(archive=True) moves done jobs: the same columns in the same order.
+CREATE TABLE IF NOT EXISTS jobs_archive (LIKE jobs);
+
+-- name: archive_columns
+-- Upgrade: an archive made by the first release gets the columns jobs got.
+ALTER TABLE jobs_archive
+  ADD COLUMN IF NOT EXISTS priority    int NOT NULL DEFAULT 0,
+  ADD COLUMN IF NOT EXISTS key         text,
+  ADD COLUMN IF NOT EXISTS started_at  timestamptz,
+  ADD COLUMN IF NOT EXISTS finished_at timestamptz;
+
+-- name: notify_function
 -- LISTEN/NOTIFY is only a hint: workers poll anyway. Postgres folds identical
 -- notifications within one transaction, so a bulk enqueue sends one per queue.
 CREATE OR REPLACE FUNCTION jobs_notify() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -71,6 +103,66 @@ BEGIN
   RETURN NULL;
 END $$;
 
+-- name: notify_trigger
+-- The wake-up hint, once per INSERT statement. install(notify=False) drops it (notify_off
+-- in queries.sql), and its absence is the choice install() keeps from then on.
 CREATE OR REPLACE TRIGGER jobs_notify_insert
   AFTER INSERT ON jobs REFERENCING NEW TABLE AS new_jobs
   FOR EACH STATEMENT EXECUTE FUNCTION jobs_notify();
+
+-- name: installed
+-- What is there, from the catalog alone: to_regclass takes no lock on jobs.
+SELECT to_regclass('jobs') IS NOT NULL AS jobs,
+       to_regclass('jobs_archive') IS NOT NULL AS archive,
+       ARRAY(SELECT attname::text FROM pg_attribute
+             WHERE attrelid = to_regclass('jobs') AND attnum > 0 AND NOT attisdropped)
+         AS jobs_columns,
+       ARRAY(SELECT attname::text FROM pg_attribute
+             WHERE attrelid = to_regclass('jobs_archive') AND attnum > 0 AND NOT attisdropped)
+         AS archive_columns,
+       (SELECT convalidated FROM pg_constraint
+        WHERE conrelid = to_regclass('jobs') AND conname = 'jobs_status_check')
+         AS status_check_valid,
+       to_regprocedure('jobs_notify()') IS NOT NULL AS notify_function,
+       EXISTS (SELECT 1 FROM pg_trigger
+               WHERE tgrelid = to_regclass('jobs') AND tgname = 'jobs_notify_insert')
+         AS notify_trigger;
+
+-- name: installed_indexes
+-- The indexes on jobs: name, whether usable, definition, whether a build is running now.
+SELECT c.relname::text, i.indisvalid, pg_get_indexdef(i.indexrelid),
+       EXISTS (SELECT 1 FROM pg_stat_progress_create_index p
+               WHERE p.index_relid = i.indexrelid) AS building
+FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+WHERE i.indrelid = to_regclass('jobs');
+
+-- name: install_lock
+-- One installer at a time in this transaction: CREATE ... IF NOT EXISTS races with itself.
+SELECT pg_advisory_xact_lock(hashtext('pgqueue.install'));
+
+-- name: install_lock_session
+-- One installer at a time across the upgrade's statements, which cannot share a transaction.
+SELECT pg_advisory_lock(hashtext('pgqueue.install'));
+
+-- name: install_unlock_session
+SELECT pg_advisory_unlock(hashtext('pgqueue.install'));
+
+-- name: lock_timeout
+-- How long a DDL statement may wait for a lock before install gives up (local: this
+-- transaction only; otherwise the session, put back by the next call).
+SELECT set_config('lock_timeout', %(timeout)s, %(local)s);
+
+-- name: current_lock_timeout
+SELECT current_setting('lock_timeout');
+
+-- name: lock_holders
+-- Who install waited for: the oldest open transaction here, one holding a lock on jobs
+-- first (an index built CONCURRENTLY also waits for transactions that never read jobs).
+SELECT a.pid, a.state, a.xact_start, left(a.query, 60)
+FROM pg_stat_activity a
+WHERE a.pid <> pg_backend_pid() AND a.datname = current_database()
+  AND a.xact_start IS NOT NULL
+ORDER BY EXISTS (SELECT 1 FROM pg_locks l
+                 WHERE l.pid = a.pid AND l.relation = to_regclass('jobs') AND l.granted) DESC,
+         a.xact_start
+LIMIT 1;

@@ -2,7 +2,7 @@
 
 from ...events import NullEventLog
 from .claim_size import bench_claim, claim_sizes
-from .cli import BENCHMARKS, main, run
+from .cli import BENCHMARKS, default_out, main, run
 from .drain import (
     PGBENCH_SCRIPT,
     DrainConfig,
@@ -54,6 +54,7 @@ __all__ = [
     "bench_polling",
     "bench_server",
     "claim_sizes",
+    "default_out",
     "drain_configs",
     "drain_measured",
     "drain_once",

@@ -1,8 +1,10 @@
 """``pgqueue bench``: run the chosen benchmarks, print their tables, write CSVs and figures.
 
 Each benchmark is a function returning a list of row dicts, usable from a notebook; ``main``
-runs them, prints a table for each and writes ``data/bench_<name>.csv`` with the machine's
-description as columns (also in ``data/machine.json``)."""
+runs them, prints a table for each and writes ``bench_<name>.csv`` with the machine's
+description as columns (also in ``machine.json``) under ``--out``. The default is a fresh
+per-user directory outside any checkout (``default_out()``): the committed ``data/`` is
+refreshed only when asked for, with ``--out data`` (``make data``)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +66,18 @@ BENCHMARKS = (
 )
 
 
+def default_out(now: datetime | None = None) -> Path:
+    """A new directory for one run's files, outside the working tree: under
+    ``$PGQUEUE_BENCH_DIR`` if set, else ``$XDG_CACHE_HOME/pgqueue/bench`` (default
+    ``~/.cache/pgqueue/bench``), named by the UTC time the run began."""
+    base = os.environ.get("PGQUEUE_BENCH_DIR")
+    if not base:
+        cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        base = str(Path(cache) / "pgqueue" / "bench")
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+    return Path(base).expanduser() / stamp
+
+
 def _load() -> list[float]:
     """The machine's load average over 1, 5 and 15 minutes (others share this machine)."""
     return [round(x, 2) for x in os.getloadavg()]
@@ -71,13 +86,14 @@ def _load() -> list[float]:
 def run(
     bench: Bench,
     only: Sequence[str] = BENCHMARKS,
-    out: Path | str = "data",
+    out: Path | str | None = None,
     *,
     log: Callable[[str], None] = print,
 ) -> dict[str, list[dict[str, Any]]]:
     """Run the chosen benchmarks on ``bench``, print a table for each, write their CSVs
-    under ``out`` and the targets to ``bench_summary.csv``; return every table's rows."""
-    out = Path(out)
+    under ``out`` (default: ``default_out()``) and the targets to ``bench_summary.csv``;
+    return every table's rows."""
+    out = Path(out) if out is not None else default_out()
     info = machine(bench.admin_dsn)
     info["durable"] = "yes" if info["fsync"] == "on" else "no"
     info["mode"] = "quick" if bench.quick else "full"
@@ -91,6 +107,7 @@ def run(
         (out / "machine.json").write_text(json.dumps(info | versions | load, indent=2) + "\n")
 
     write_machine()
+    log(f"writing to {out.resolve()}")
     log(f"machine: {info}")
     results: dict[str, list[dict[str, Any]]] = {}
     drain_samples: dict[DrainConfig, list[float]] = {}
@@ -166,6 +183,7 @@ def run(
             log(f"figure: {path}")
     except ImportError:
         log("(matplotlib is not installed: no figures)")
+    log(f"\nwrote {out.resolve()}")
     return results
 
 
@@ -182,7 +200,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=",".join(BENCHMARKS),
         help=f"comma-separated subset of: {', '.join(BENCHMARKS)} ('limit' runs with drain)",
     )
-    parser.add_argument("--out", default="data", help="directory for the CSV files (data/)")
+    parser.add_argument(
+        "--out",
+        help="directory for the CSV files and figures (default: a new one under "
+        "$PGQUEUE_BENCH_DIR or ~/.cache/pgqueue/bench; `--out data` refreshes the committed "
+        "data/, as `make data` does)",
+    )
     parser.add_argument("--dsn", help="benchmark this server instead (needs CREATEDB)")
     parser.add_argument("--repeats", type=int, help="repetitions per config (3; quick: 2)")
     parser.add_argument(

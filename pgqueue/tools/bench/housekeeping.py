@@ -11,11 +11,11 @@ a tenth of the table).
 Destructive operations run on file copies of that database (``CREATE DATABASE ...
 TEMPLATE``), one copy per operation and repetition, in interleaved order:
 
-- ``prune``: ``Queue.prune(older_than=...)``, ranges of 10,000 ids, one transaction each;
+- ``prune``: ``Queue.prune(older_than=...)``, batches of 10,000 jobs, one transaction each;
 - ``delete``: the same rows in one unbounded ``DELETE`` (one transaction);
 - ``archive-move``: the partition recipe's half that runs every day: the same rows moved
   (``DELETE ... RETURNING`` into ``INSERT``) into ``jobs_done``, an archive partitioned by
-  finish day (``ARCHIVE_DDL``), in the same ranges of 10,000 ids;
+  finish day (``ARCHIVE_DDL``), in ranges of 10,000 ids;
 - ``archive-drop``: its other half: retention by ``DROP TABLE`` of the archive's day
   partitions older than the cut (whole days only).
 
@@ -112,7 +112,7 @@ def _ranges(dsn: str) -> list[tuple[int, int]]:
 
 
 def _timed_prune(dsn: str, older_than: float) -> tuple[float, float, int, int]:
-    """``Queue.prune``: total seconds, longest gap between its progress calls (one range
+    """``Queue.prune``: total seconds, longest gap between its progress calls (one batch
     statement, its own transaction), transactions and rows removed."""
     gaps: list[float] = []
     last = [time.perf_counter()]
@@ -249,7 +249,8 @@ def bench_housekeeping(
 NOTES = {
     "stats": "Queue.stats(): ready/running/dead through partial indexes, finished estimated",
     "stats-exact": "Queue.stats(exact=True): reads the whole table",
-    "prune": f"Queue.prune(older_than={DAYS - 1} days, batch={BATCH:,}): a transaction per range",
+    "prune": f"Queue.prune(older_than={DAYS - 1} days, batch={BATCH:,}): a transaction per "
+    f"{BATCH:,} jobs",
     "delete": "the same rows in one unbounded DELETE (one transaction)",
     "archive-move": "recipe, daily half: the same rows moved into jobs_done (partitioned "
     f"by finish day), DELETE ... RETURNING into INSERT, ranges of {BATCH:,} ids",

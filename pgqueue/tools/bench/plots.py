@@ -349,7 +349,7 @@ DRAWINGS: dict[str, Callable[[list[dict[str, str]]], Any]] = {
 }
 
 
-def figures(out: Path | str = "data") -> list[Path]:
+def figures(out: Path | str) -> list[Path]:
     """Draw ``bench_<name>.png`` for every benchmark CSV in ``out`` that has a drawing
     (needs matplotlib; uses no pyplot state, so it is safe inside a notebook)."""
     out = Path(out)

@@ -1,0 +1,215 @@
+"""Two production failures the committed benchmark measures, read and drawn for the
+notebooks: claims slowing down over dead row versions that vacuum may not remove (07), and
+the NOTIFY trigger serialising the commits of concurrent producers (06).
+
+Everything here reads ``data/`` as ``pgqueue bench --out data`` (``make data``) wrote it; a
+figure names the machine and the date of the run it shows. Teaching aids, not the queue."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "claim_cases",
+    "notify_ratios",
+    "plot_claim_cases",
+    "plot_notify_cost",
+    "read_bench",
+    "stamp",
+]
+
+
+def read_bench(name: str, data: Path | str) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """``data/bench_<name>.csv`` as a DataFrame, and ``data/machine.json`` (or ``{}``)."""
+    import pandas as pd
+
+    data = Path(data)
+    frame = pd.read_csv(data / f"bench_{name}.csv")
+    machine_file = data / "machine.json"
+    machine = json.loads(machine_file.read_text()) if machine_file.exists() else {}
+    return frame, machine
+
+
+def stamp(frame: pd.DataFrame, machine: dict[str, Any]) -> str:
+    """One line saying when and on what the rows of ``frame`` were measured: the CSV's own
+    columns first (each row carries its run's date and machine), then ``machine.json``."""
+    first = frame.iloc[0].to_dict() if len(frame) else {}
+    info = {**machine, **{k: v for k, v in first.items() if isinstance(v, str) or v == v}}
+    dates = sorted(frame["date_utc"].dropna().unique()) if "date_utc" in frame else []
+    when = ", ".join(map(str, dates)) or info.get("date_utc", "an unknown date")
+    return (
+        f"measured {when} UTC ({info.get('mode', '?')} run) on {info.get('cpu_model', '?')}, "
+        f"{info.get('cores', '?')} cores, PostgreSQL {info.get('postgres', '?')}, "
+        f"fsync {info.get('fsync', '?')}, synchronous_commit "
+        f"{info.get('synchronous_commit', '?')}"
+    )
+
+
+# -- 07: claims over dead row versions -------------------------------------------------
+CLAIM_CASES = {
+    # label -> (phase, done_rows or None for the churned cases' own count)
+    "empty table, vacuumed": ("vacuumed", 0),
+    "5,000,000 done jobs, vacuumed": ("vacuumed", 5_000_000),
+    "jobs churned, dead versions kept": ("churned, not vacuumed", None),
+    "the same table after VACUUM": ("churned, vacuumed", None),
+}
+
+
+def claim_cases(claim: pd.DataFrame) -> pd.DataFrame:
+    """The partial-index rows of ``bench_claim_size.csv`` that tell dead versions from mere
+    size, one per ``CLAIM_CASES`` label: done rows, dead tuples, claim median and p95 (ms)."""
+    import pandas as pd
+
+    partial = claim[claim["index"] == "partial"]
+    rows = []
+    for label, (phase, done) in CLAIM_CASES.items():
+        match = partial[partial["phase"] == phase]
+        if done is not None:
+            match = match[match["done_rows"] == done]
+        if len(match) != 1:
+            raise ValueError(f"bench_claim_size.csv has {len(match)} rows for {label!r}")
+        row = match.iloc[0]
+        rows.append(
+            {
+                "case": label,
+                "done_rows": int(row["done_rows"]),
+                "dead_tuples": int(row["dead_tuples"]),
+                "table_mb": float(row["table_mb"]),
+                "claim_ms_median": float(row["claim_ms_median"]),
+                "claim_ms_p95": float(row["claim_ms_p95"]),
+                "samples": int(row["samples"]),
+                "batch": int(row["batch"]),
+            }
+        )
+    return pd.DataFrame(rows).set_index("case")
+
+
+def plot_claim_cases(cases: pd.DataFrame, where: str) -> Figure:
+    """Median claim time per case (bars) with its p95 (marks), dead versions kept in red."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    held = cases["dead_tuples"] > 0
+    labels = [
+        f"{case}\n({int(row.done_rows):,} jobs, {int(row.dead_tuples):,} dead versions)"
+        for case, row in cases.iterrows()
+    ]
+    y = range(len(cases))
+    bars = ax.barh(
+        y, cases["claim_ms_median"], color=["C3" if h else "C0" for h in held], height=0.6
+    )
+    ax.bar_label(bars, fmt="%.2f ms", padding=3, fontsize=8)
+    ax.plot(cases["claim_ms_p95"], y, "k|", ms=16, mew=2, label="p95 of the claims")
+    ax.set_yticks(list(y), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.15 * cases["claim_ms_p95"].max())
+    ax.set_xlabel(f"time of one claim of {cases['batch'].iloc[0]} jobs (ms)")
+    ax.set_ylabel("table the claims ran on")
+    ax.set_title("Claims slow down over dead row versions, not over finished rows")
+    _footer(fig, f"data/bench_claim_size.csv, partial ready index; {where}")
+    ax.legend(
+        handles=[
+            plt.Rectangle((0, 0), 1, 1, color="C3", label="median, dead versions kept"),
+            plt.Rectangle((0, 0), 1, 1, color="C0", label="median, vacuumed"),
+            *ax.get_legend_handles_labels()[0],
+        ],
+        loc="lower right",
+        fontsize=8,
+    )
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return fig
+
+
+# -- 06: the cost of the NOTIFY trigger ------------------------------------------------
+def notify_ratios(notify: pd.DataFrame) -> pd.DataFrame:
+    """Per method and producers: jobs/s and commits/s with the trigger on and off, and the
+    median (min, max) of the per-repetition ratios off/on that the benchmark recorded."""
+    import pandas as pd
+
+    rows = []
+    for (method, producers), part in notify.groupby(["method", "producers"]):
+        on = part[part["trigger"] == "on"].iloc[0]
+        off = part[part["trigger"] == "off"].iloc[0]
+        rows.append(
+            {
+                "method": method,
+                "jobs_per_transaction": int(on["jobs_per_transaction"]),
+                "producers": int(producers),
+                "jobs_per_s_on": float(on["jobs_per_s_median"]),
+                "jobs_per_s_off": float(off["jobs_per_s_median"]),
+                "commits_per_s_on": float(on["commits_per_s_median"]),
+                "ratio_off_to_on": float(off["ratio_off_to_on"]),
+                "ratio_min": float(off["ratio_min"]),
+                "ratio_max": float(off["ratio_max"]),
+            }
+        )
+    return pd.DataFrame(rows).set_index(["method", "producers"]).sort_index()
+
+
+def plot_notify_cost(notify: pd.DataFrame, where: str) -> Figure:
+    """Left: enqueue throughput (one job per transaction) against producers, trigger on
+    and off, min-max bands. Right: how many times faster without the trigger, per method."""
+    import matplotlib.pyplot as plt
+
+    ratios = notify_ratios(notify)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.4))
+    single = notify[notify["method"] == "enqueue"]
+    for trigger, color, style, label in (
+        ("on", "C3", "o-", "NOTIFY trigger on (the default)"),
+        ("off", "C0", "s--", "trigger off (install(notify=False))"),
+    ):
+        part = single[single["trigger"] == trigger].sort_values("producers")
+        left.plot(part["producers"], part["jobs_per_s_median"], style, color=color, label=label)
+        left.fill_between(
+            part["producers"],
+            part["jobs_per_s_min"],
+            part["jobs_per_s_max"],
+            color=color,
+            alpha=0.12,
+        )
+    producers = sorted(single["producers"].unique())
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(producers, [str(p) for p in producers])
+        ax.set_xlabel("concurrent producers (threads, one connection each)")
+    left.set_ylim(bottom=0)
+    left.set_ylabel("jobs enqueued per second (jobs/s)")
+    left.set_title("enqueue, one job per transaction (lines: median, bands: min-max)")
+    left.legend(fontsize=8, loc="upper left")
+    for method, color in (("enqueue", "C3"), ("enqueue_many", "C1")):
+        part = ratios.loc[method]
+        per_tx = part["jobs_per_transaction"].iloc[0]
+        right.errorbar(
+            part.index,
+            part["ratio_off_to_on"],
+            yerr=[
+                part["ratio_off_to_on"] - part["ratio_min"],
+                part["ratio_max"] - part["ratio_off_to_on"],
+            ],
+            fmt="o-",
+            color=color,
+            capsize=4,
+            label=f"{method}: {per_tx} job(s) per transaction",
+        )
+    right.axhline(1, color="0.4", ls=":", label="no cost (ratio 1)")
+    right.set_ylim(bottom=0)
+    right.set_ylabel("throughput without trigger / with it (ratio)")
+    right.set_title("Times faster without the trigger (median, min-max of runs)")
+    right.legend(fontsize=8, loc="upper left")
+    fig.suptitle("Notifying commits take turns: enqueue with and without the NOTIFY trigger")
+    _footer(fig, f"data/bench_notify.csv; {where}")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return fig
+
+
+def _footer(fig: Figure, text: str) -> None:
+    """The data's origin under the axes, wrapped to the figure's width."""
+    width = int(fig.get_figwidth() * 16)
+    fig.text(0.01, 0.01, textwrap.fill(text, width), fontsize=8, color="0.3", va="bottom")
