@@ -170,7 +170,8 @@ RETURNING id, queue, status, fence;
 -- Whether job %(job)s is still held with fence %(fence)s: running, that fence, and a lease
 -- that has not run out by the server's clock at this statement. Job.fenced_write puts it in
 -- the write's own statement, so a holder that was reaped, timed out, failed or cancelled is
--- refused at once, even where no newer holder has written yet.
+-- refused at once, even where no newer holder has written yet (as of that statement: in a
+-- longer transaction, hold_for_commit is what holds the claim to the commit).
 SELECT 1 FROM jobs
 WHERE id = %(job)s AND fence = %(fence)s AND status = 'running'
   AND lease_until > statement_timestamp()
