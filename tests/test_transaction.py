@@ -274,11 +274,21 @@ def test_an_end_of_the_claim_after_the_check_waits_for_the_commit(
     }[ended_by]
     act = Act(dsn, action, running)
     act.start()
-    until(lambda: waits_on(app, act.pid), f"the {ended_by} to wait on the job row", unless=act)
+    skipped = False
+    if ended_by == "reaped":  # a reaper that skips locked rows may pass this one by
+        until(lambda: waits_on(app, act.pid) or not act.is_alive(), "the reap to wait or skip")
+        skipped = not act.is_alive()
+        if skipped:
+            assert act.done() == [], "reaped while the claim was held to a commit"
+    else:
+        until(lambda: waits_on(app, act.pid), f"the {ended_by} to wait on the job row", unless=act)
     assert receipt(app) is None and job_row(app, job_id) == ("running", job.fence)
     gate.execute("SELECT pg_advisory_unlock(%s)", [GATE])
     assert handler.done() is None
     assert receipt(app) == ("by the holder", job_id, job.fence), "committed under the claim"
+    if skipped:  # the next round, after the commit, reaps it
+        act = Act(dsn, action, running)
+        act.start()
     result = act.done()
     assert result == ([job_id] if ended_by == "reaped" else True), "applied after the commit"
     expected = {"cancelled": "cancelled", "heartbeat": "running"}.get(ended_by, "ready")
