@@ -12,12 +12,14 @@ each get one of their own: an ``AsyncConnection`` runs one statement at a time.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
+from . import statements
 from .errors import LeaseLost
 from .fencing import async_fenced_write
 from .job import Job
@@ -80,3 +82,30 @@ class AsyncJob(Job):
             check_lease=True,
         )
         return self._wrote(took_effect)
+
+    @contextlib.asynccontextmanager
+    async def transaction(  # type: ignore[override]
+        self, *, lock_timeout: float = 5.0
+    ) -> AsyncIterator[psycopg.AsyncConnection]:
+        """``Job.transaction()``, awaited: ``async with job.transaction() as conn:`` opens a
+        transaction on ``await job.connection()`` and, as its last statement before COMMIT,
+        checks the claim and locks the job row ``FOR SHARE``, so a cancel, fail or reap
+        waits for the commit (a heartbeat of the job too, for that one round trip). A claim
+        that is over rolls back, marks the job lost and raises ``LeaseLost``; an exception
+        in the block rolls back and propagates. The same ``lock_timeout`` and isolation
+        rules as ``Job.transaction()``."""
+        params = self._hold_params(lock_timeout)
+        conn = await self.connection()
+        self._check_idle(conn.info.transaction_status)
+        async with conn.transaction():
+            yield conn
+            held = False
+            if not self._lost:  # known stale here (a heartbeat said so): no round trip
+                await conn.execute(statements.query("hold_for_commit_wait"), params)
+                try:
+                    cur = await conn.execute(statements.query("hold_for_commit"), params)
+                    row = await cur.fetchone()
+                except psycopg.errors.LockNotAvailable as exc:
+                    raise self._locked(lock_timeout) from exc
+                held = row is not None
+            self._committed(held)

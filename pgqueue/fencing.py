@@ -16,7 +16,9 @@ A stored fence only refuses a holder once a newer one has written. Where the tab
 in the queue's own database, ``check_lease=True`` (what ``Job.fenced_write`` passes) adds
 the job itself to the write's statement: the write takes effect only while ``jobs`` says
 the job is running with this fence and an unexpired lease, so a holder that was reaped,
-timed out, failed or cancelled is refused at once, before anyone else has written.
+timed out, failed or cancelled is refused at once, before anyone else has written. That is
+checked as of the statement: in a longer transaction the claim may end before the commit,
+and nothing waits for it; ``Job.transaction()`` holds the claim to the commit.
 
 Table and column names come from the caller and are composed with
 ``psycopg.sql.Identifier`` (quoted, never pasted in); every value is a parameter.

@@ -5,14 +5,17 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
-from .errors import LeaseLost
+from . import statements
+from .errors import BadInput, LeaseLost, PgQueueError
 from .fencing import fenced_write
 
 # Guards the lazy creation of ``Job.lost_event`` against a concurrent ``mark_lost``.
@@ -110,6 +113,82 @@ class Job:
             check_lease=True,
         )
         return self._wrote(took_effect)
+
+    @contextmanager
+    def transaction(self, *, lock_timeout: float = 5.0) -> Iterator[psycopg.Connection]:
+        """A transaction on the job's connection that commits only while this claim holds:
+        ``with job.transaction() as conn:`` yields the connection for the handler's own
+        writes (plain SQL, ``job.fenced_write``, ``Queue.enqueue(..., conn=conn)``).
+
+        As the block's last statement, right before COMMIT, the job row is checked in the
+        same transaction (running, this fence, a lease the server's clock has not passed)
+        and locked ``FOR SHARE``, so a cancel, fail or reap of the job waits for the commit:
+        a write that commits was made while the claim was held. If the claim is over, the
+        transaction is rolled back, the job is marked lost and ``LeaseLost`` is raised. An
+        exception in the block rolls back and propagates, with no check. The outcome is
+        recorded like a fenced write's (``fenced-write`` or ``fenced-write-rejected``).
+
+        The lock is held for the one round trip from the check to COMMIT; a heartbeat of
+        this job (an UPDATE of its row) waits that long too. The check waits at most
+        ``lock_timeout`` seconds for a row another session holds locked; past it, it rolls
+        back and raises ``PgQueueError``. Under REPEATABLE READ or SERIALIZABLE, a job row
+        changed since the snapshot (by a heartbeat, say) makes the check raise psycopg's
+        ``SerializationFailure``, also rolled back: run the block again. The connection
+        must have no transaction open (``BadInput``)."""
+        params = self._hold_params(lock_timeout)
+        if self.conn is None:
+            raise LeaseLost(f"job {self.id} has no connection to write with; claim it first")
+        conn = self.conn
+        self._check_idle(conn.info.transaction_status)
+        with conn.transaction():
+            yield conn
+            held = False
+            if not self._lost:  # known stale here (a heartbeat said so): no round trip
+                conn.execute(statements.query("hold_for_commit_wait"), params)
+                try:
+                    row = conn.execute(statements.query("hold_for_commit"), params).fetchone()
+                except psycopg.errors.LockNotAvailable as exc:
+                    raise self._locked(lock_timeout) from exc
+                held = row is not None
+            self._committed(held)
+
+    def _hold_params(self, lock_timeout: float) -> dict[str, Any]:
+        """The parameters of ``transaction()``'s statements; raise if it cannot start."""
+        if self._lost:
+            raise LeaseLost(f"job {self.id}: fence {self.fence} is stale; no transaction opened")
+        if isinstance(lock_timeout, bool) or not (
+            isinstance(lock_timeout, int | float) and 0 < lock_timeout <= 86400
+        ):
+            raise BadInput(
+                f"lock_timeout must be more than 0 and at most 86400 seconds, not {lock_timeout!r}"
+            )
+        # lock_timeout is set in whole milliseconds, as text (set_config takes text).
+        return {"job": self.id, "fence": self.fence, "ms": str(max(1, round(lock_timeout * 1000)))}
+
+    def _check_idle(self, status: TransactionStatus) -> None:
+        """``transaction()`` commits its own transaction: it cannot be nested in another."""
+        if status != TransactionStatus.IDLE:
+            raise BadInput(
+                f"job {self.id}: job.transaction() needs a connection with no transaction "
+                "open (commit or roll back first, or write inside the one block)"
+            )
+
+    def _locked(self, lock_timeout: float) -> PgQueueError:
+        """What a ``hold_for_commit`` that ran out of ``lock_timeout`` raises."""
+        return PgQueueError(
+            f"job {self.id}: its row stayed locked by another session for {lock_timeout:g} s, "
+            "so the claim could not be checked before commit; the transaction was rolled back"
+        )
+
+    def _committed(self, held: bool) -> None:
+        """After ``hold_for_commit`` (Job's or AsyncJob's): if the claim is over, mark the
+        job lost and raise ``LeaseLost`` (inside the transaction, which rolls back)."""
+        self._wrote(held)
+        if not held:
+            raise LeaseLost(
+                f"job {self.id}: the claim with fence {self.fence} was over at commit "
+                "(cancelled, failed, reaped or its lease ran out); the transaction was rolled back"
+            )
 
     def _wrote(self, took_effect: bool) -> bool:
         """After a fenced write (Job's or AsyncJob's): a refusal means this holder's fence

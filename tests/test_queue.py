@@ -43,6 +43,8 @@ TESTED_QUERIES = {
     "release",
     "reap",
     "holds",
+    "hold_for_commit_wait",  # these two: tests/test_transaction.py
+    "hold_for_commit",
     "retry_dead",
     "retry_dead_ids",
     "get",

@@ -194,10 +194,32 @@ RETURNING id, queue, status, fence;
 -- Whether job %(job)s is still held with fence %(fence)s: running, that fence, and a lease
 -- that has not run out by the server's clock at this statement. Job.fenced_write puts it in
 -- the write's own statement, so a holder that was reaped, timed out, failed or cancelled is
--- refused at once, even where no newer holder has written yet.
+-- refused at once, even where no newer holder has written yet (as of that statement: in a
+-- longer transaction, hold_for_commit is what holds the claim to the commit).
 SELECT 1 FROM jobs
 WHERE id = %(job)s AND fence = %(fence)s AND status = 'running'
   AND lease_until > statement_timestamp()
+
+-- name: hold_for_commit_wait
+-- How long hold_for_commit may wait for the job row (%(ms)s milliseconds, as text), for the
+-- rest of this transaction only: a row locked by another session fails the check, never
+-- hangs the handler.
+SELECT set_config('lock_timeout', %(ms)s, true)
+
+-- name: hold_for_commit
+-- The last statement of a job.transaction() before COMMIT: is job %(job)s still held with
+-- fence %(fence)s (running, that fence, a lease the server's clock has not passed), and
+-- hold the row so that it stays so until the commit. FOR SHARE, not the weaker FOR KEY
+-- SHARE: fail, reap and heartbeat are UPDATEs of non-key columns (FOR NO KEY UPDATE),
+-- which FOR KEY SHARE lets through, so a job could be failed or reaped between this check
+-- and the commit; FOR SHARE makes them, and cancel, wait for the commit (a heartbeat too,
+-- for the one round trip to COMMIT). clock_timestamp(), not now(): now() is when the
+-- transaction began, and a lease that ran out since then would still pass; after a wait
+-- for the lock, the row is checked again as it is then.
+SELECT 1 FROM jobs
+WHERE id = %(job)s AND fence = %(fence)s AND status = 'running'
+  AND lease_until > clock_timestamp()
+FOR SHARE
 
 -- name: retry_dead
 -- Give the dead jobs of a queue %(extra)s more attempts (attempts and fence keep counting).
