@@ -33,6 +33,7 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -50,6 +51,7 @@ from .handlers import (
     ConnectionPool,
     Failure,
     HandlerConnection,
+    LaneJob,
     LaneThread,
     describe,
     failure_of,
@@ -115,25 +117,36 @@ class Claim:
 
 
 class Bell:
-    """Wakes the dispatcher; the generation number closes the claim-then-wait race."""
+    """Wakes the tasks waiting on it; the generation number closes the check-then-wait race.
+    (A future and a timer a wait, no task: the lanes and the dispatcher wait often.)"""
 
     def __init__(self) -> None:
         self.generation = 0
-        self._event: asyncio.Event | None = None
+        self._waiters: list[asyncio.Future[None]] = []
 
     def ring(self) -> None:
         self.generation += 1
-        if self._event is not None:
-            self._event.set()
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def wait(self, seen: int, timeout: float) -> None:
         if self.generation != seen:
             return
-        if self._event is None:
-            self._event = asyncio.Event()
-        self._event.clear()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._event.wait(), timeout)
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        self._waiters.append(waiter)
+        timer = loop.call_later(timeout, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class Link:
@@ -212,7 +225,8 @@ class Engine:
 
         self.claims: dict[Key, Claim] = {}  # claimed, not finished
         self._waiting: deque[Claim] = deque()  # claimed, not started
-        self._running: dict[Key, asyncio.Task[None]] = {}
+        self._busy = 0  # lanes running a job now
+        self._deep = False  # the last claim came back full: a backlog, so claim ahead
         self._finishing: set[Key] = set()  # claims whose complete/fail/release is under way
         # Finished jobs whose completion waits to go out in one statement, with the time
         # each was added.
@@ -224,7 +238,15 @@ class Engine:
         self._lanes: list[LaneThread] = []  # idle lane threads for plain handlers
         self._busy_lanes: set[LaneThread] = set()
         self._lane_count = 0
-        self._bell = Bell()
+        self._bell = Bell()  # wakes the dispatcher: a lane is free, a stop, a notification
+        self._work = Bell()  # wakes the lanes: jobs claimed, a stop
+        self._lane_tasks: list[asyncio.Task[None]] = []
+        self._plain_handler = not is_coroutine_function(handler)
+        self._recording = not isinstance(self.events, NullEventLog)
+        self._lane_names = [
+            options.name if options.concurrency == 1 else f"{options.name}.{n}"
+            for n in range(1, options.concurrency + 1)
+        ]
         self._claims_link = Link(self)
         self._writes_link = Link(self)
         self._pool: ConnectionPool | None = None
@@ -242,7 +264,7 @@ class Engine:
     @property
     def working(self) -> bool:
         """Whether the dispatcher or a handler still runs (a burst run ends when not)."""
-        return bool(self._tasks) and (not self._tasks[0].done() or bool(self._running))
+        return any(not t.done() for t in self._tasks[:1] + self._lane_tasks)
 
     async def start(self, banner: str) -> None:
         """Check the database (a bad DSN or a missing table fails here), then start the
@@ -258,6 +280,10 @@ class Engine:
         log.info("%s", banner)
         self._pool = ConnectionPool(o.connections, self._connect_async, o.pgbouncer)
         self._tasks.append(asyncio.create_task(self._dispatch(), name=f"pgqueue-{o.name}"))
+        self._lane_tasks = [
+            asyncio.create_task(self._run_lane(), name=f"pgqueue-{name}")
+            for name in self._lane_names
+        ]
         self._tasks.append(asyncio.create_task(self._keep(), name=f"pgqueue-{o.name}-keeper"))
         self._tasks.append(asyncio.create_task(self._reaping(), name=f"pgqueue-{o.name}-reaper"))
         if o.listen and o.pgbouncer and not o.listen_dsn:
@@ -277,6 +303,7 @@ class Engine:
         if self.phase == Phase.WORKING:
             self.phase = Phase.STOPPING
         self._bell.ring()
+        self._work.ring()
 
     def call_soon(self, fn: Any, *args: Any) -> None:
         """Run ``fn(*args)`` on the engine's loop, from any thread."""
@@ -297,7 +324,7 @@ class Engine:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return
-            waits = self._tasks[:1] + list(self._running.values())
+            waits = self._tasks[:1] + self._lane_tasks
             await asyncio.wait(waits, timeout=left if left is None else min(left, 0.5))
 
     async def serve(self) -> None:
@@ -323,7 +350,7 @@ class Engine:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            waits = self._tasks[:1] + list(self._running.values())
+            waits = self._tasks[:1] + self._lane_tasks
             await asyncio.wait(waits, timeout=min(left, 0.1))
         if self.phase < Phase.LEAVING:
             self.phase = Phase.LEAVING
@@ -333,7 +360,7 @@ class Engine:
                 await asyncio.wait_for(self._flushed(), bound)
         if self.phase < Phase.CLOSED:
             self.phase = Phase.CLOSED
-        doomed = [*self._tasks, *self._running.values()]
+        doomed = [*self._tasks, *self._lane_tasks]
         if self._flusher is not None:
             doomed.append(self._flusher)
         for task in doomed:
@@ -399,25 +426,27 @@ class Engine:
                 log.log(level, "%s: %s; carrying on in %.1fs", name, describe(exc), delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+        self._work.ring()  # lanes waiting for work: the dispatcher is done
         while self._waiting and self.phase < Phase.LEAVING:
             claim = self._waiting.popleft()  # claimed, never started: give back, attempt too
             if self._own_finish(claim):
                 await self._finish(claim, "release")
 
     async def _dispatch_once(self) -> bool:
-        """Start waiting jobs, or claim a batch when a slot is free; False when a burst
-        run found the queue dry with nothing running."""
+        """Claim a batch when a lane is free and no claimed job waits (or, under a backlog,
+        while fewer jobs wait than there are lanes: claiming ahead, so no lane idles for a
+        claim's round trip); False when a burst run found the queue dry."""
         o = self.options
         seen = self._bell.generation
-        self._start_waiting()
-        if self._waiting or len(self._running) >= o.concurrency:
-            await self._bell.wait(seen, o.poll_interval)  # a handler ends, or a stop
+        if not self._wants_jobs():
+            await self._bell.wait(seen, o.poll_interval)  # a lane is free, or a stop
             return True
         self.seams._gate()
         queue = await self._claims_link.get()
         jobs = await queue.claim(list(o.queues), limit=o.batch, lease=o.lease)
+        self._deep = len(jobs) == o.batch
         if not jobs:
-            if o.burst and not self._running:
+            if o.burst and not self._busy and not self._waiting:
                 return False
             await self._bell.wait(seen, o.poll_interval)
             return True
@@ -425,14 +454,17 @@ class Engine:
         after = self.seams._after_claim(claimed)
         if inspect.isawaitable(after):
             await after
-        self._start_waiting()
+        self._work.ring()
         return True
+
+    def _wants_jobs(self) -> bool:
+        waiting, lanes = len(self._waiting), self.options.concurrency
+        return (waiting == 0 and self._busy < lanes) or (self._deep and waiting < lanes)
 
     def _take(self, jobs: list[AsyncJob]) -> list[Job]:
         batch = Batch(len(jobs))
-        rows = []
-        taken: list[Job] = []
-        o = self.options
+        new: list[Claim] = []
+        lanes = self._lane_names
         for claimed in jobs:
             plain = self._is_plain(claimed)
             job: Job = _plain_job(claimed) if plain else claimed
@@ -443,38 +475,50 @@ class Engine:
                 slot = heapq.heappop(self._free_slots)
             else:
                 slot, self._next_slot = self._next_slot, self._next_slot + 1
-            lane = o.name if o.concurrency == 1 else f"{o.name}.{(slot - 1) % o.concurrency + 1}"
-            claim = Claim(job, slot, lane, batch, plain)
-            self.claims[key_of(job)] = claim
-            self._waiting.append(claim)
-            job.on_event = functools.partial(self._record_job, lane)
-            rows.append(("claim", lane, job.id, job.fence, str(job.attempts)))
-            taken.append(job)
-        self.events.record_many(rows)
-        return taken
+            claim = Claim(job, slot, lanes[(slot - 1) % len(lanes)], batch, plain)
+            self.claims[(job.id, job.fence)] = claim
+            new.append(claim)
+        self._waiting.extend(new)
+        if self._recording:  # the record the notebooks draw (off: not even its rows built)
+            for claim in new:
+                claim.job.on_event = functools.partial(self._record_job, claim.lane)
+            self.events.record_many(
+                ("claim", c.lane, c.job.id, c.job.fence, str(c.job.attempts)) for c in new
+            )
+        return [claim.job for claim in new]
 
     def _record_job(self, lane: str, kind: str, job: Job) -> None:
         self.events.record(kind, lane, job.id, job.fence)
 
     def _is_plain(self, job: Job) -> bool:
         """Whether the job's handler is a plain function (run on a lane thread)."""
+        if self.options.tasks is None:
+            return self._plain_handler
         task = self._task_of(job)
-        fn = task.fn if task is not None else self.handler
-        return not is_coroutine_function(fn)
+        return not is_coroutine_function(task.fn if task is not None else self.handler)
 
-    def _start_waiting(self) -> None:
-        while (
-            self._waiting
-            and len(self._running) < self.options.concurrency
-            and self.phase == Phase.WORKING
-        ):
+    # -- lanes: each runs one job at a time ---------------------------------------------
+    async def _run_lane(self) -> None:
+        """Run claimed jobs one at a time until stopped (or, in a burst run, until the
+        dispatcher has found the queue dry and nothing waits)."""
+        work, o = self._work, self.options
+        while self.phase == Phase.WORKING:
+            if not self._waiting:
+                if self._tasks[0].done():
+                    return  # the dispatcher has ended (burst: the queue is dry)
+                await work.wait(work.generation, o.poll_interval)
+                continue
             claim = self._waiting.popleft()
-            task = asyncio.create_task(self._run_job(claim), name=f"pgqueue-{claim.lane}")
-            self._running[key_of(claim.job)] = task
+            self._busy += 1
+            try:
+                await self._run_job(claim)
+            finally:
+                self._busy -= 1
+                if self._wants_jobs():
+                    self._bell.ring()  # a lane is free: the dispatcher may claim
 
     # -- one job: the handler, then its ending -------------------------------------------
     async def _run_job(self, claim: Claim) -> None:
-        key = key_of(claim.job)
         try:
             self.seams._gate()
             if self._begin(claim):
@@ -494,9 +538,6 @@ class Engine:
             raise
         except Exception as exc:  # the bookkeeping failed: leave the job to its lease
             self._forget(claim, describe(exc))
-        finally:
-            self._running.pop(key, None)
-            self._bell.ring()  # a slot is free
 
     def _begin(self, claim: Claim) -> bool:
         """Mark the job started, unless it was lost (taken over, or its lease ran out here)
@@ -527,7 +568,11 @@ class Engine:
         else:
             handler = asyncio.create_task(self._call_async(job), name=f"pgqueue-{claim.lane}-h")
         try:
-            done, _ = await asyncio.wait([handler], timeout=claim.timeout)
+            if claim.timeout is None:  # (asyncio.wait costs a set and callbacks a job)
+                await handler
+                done: Any = (handler,)
+            else:
+                done, _ = await asyncio.wait([handler], timeout=claim.timeout)
         except asyncio.CancelledError:  # the engine's own cancellation: pass it on
             handler.cancel()
             if lane is not None:
@@ -566,15 +611,20 @@ class Engine:
         self._busy_lanes.discard(lane)
         lane.retire()
 
-    def _call_plain(self, job: Job, lane: str, conn: psycopg.Connection | None) -> Failure | None:
-        """On a lane thread: the plain handler with the lane's connection as ``job.conn``.
-        The thread takes the lane's name meanwhile (for logs, py-spy and the course)."""
+    def _call_plain(
+        self, job: Job, lane: str, connection: Callable[[], psycopg.Connection]
+    ) -> Failure | None:
+        """On a lane thread: the plain handler, with the lane's connection as ``job.conn``
+        (opened if it asks). The thread takes the lane's name meanwhile (logs, py-spy)."""
         threading.current_thread().name = f"pgqueue-{lane}"
-        job.conn = conn
+        assert isinstance(job, LaneJob)
+        job._open = connection
         try:
             result = self.handler(job)
         except BaseException as exc:  # SystemExit, KeyboardInterrupt too
             return failure_of(exc)
+        finally:  # the connection is the lane's again: a job kept past its handler has none
+            job._open = job._lane_conn = None
         if inspect.isawaitable(result):
             if inspect.iscoroutine(result):
                 result.close()  # never awaited: close it, so Python does not warn later
@@ -641,6 +691,8 @@ class Engine:
             return None
 
     def _timeout_for(self, job: Job) -> float | None:
+        if self.options.tasks is None:
+            return self.options.timeout
         task = self._task_of(job)
         return task.timeout if task and task.timeout is not None else self.options.timeout
 
@@ -781,16 +833,12 @@ class Engine:
         elif action == "fail":
             self.failed += len(ok)
             self.dead += sum(job.status == "dead" for job in ok)
-        self.events.record_many(
-            (
-                _end_kind(action, end),
-                c.lane,
-                c.job.id,
-                c.job.fence,
-                error if end == "ok" else action,
+        if self._recording:
+            self.events.record_many(
+                (_end_kind(action, end), c.lane, c.job.id, c.job.fence, error if ok else action)
+                for c, end in ends
+                for ok in [end == "ok"]
             )
-            for c, end in ends
-        )
         for claim, end in ends:
             _log_end(claim.lane, claim.job, action, end, error)
 
@@ -953,7 +1001,7 @@ def _limited(o: WorkerOptions) -> str:
 
 def _plain_job(claimed: AsyncJob) -> Job:
     """The claim as a plain handler sees it: a ``Job`` whose ``conn`` is its lane's."""
-    return Job(
+    return LaneJob(
         claimed.id,
         claimed.queue,
         claimed.payload,

@@ -19,6 +19,7 @@ from psycopg.pq import TransactionStatus
 
 from .db import first_line
 from .errors import GiveUp, RetryAfter, retry_delay
+from .job import Job
 
 
 @dataclass(frozen=True)
@@ -212,10 +213,9 @@ class LaneThread:
         self._thread = threading.Thread(target=self._serve, daemon=True, name=f"pgqueue-{name}")
         self._thread.start()
 
-    def run(
-        self, call: Callable[[psycopg.Connection | None], Failure | None]
-    ) -> asyncio.Future[Failure | None]:
-        """Run ``call(conn)`` on this lane's thread; its outcome, awaitable on this loop."""
+    def run(self, call: Callable[[Callable[[], psycopg.Connection]], Failure | None]) -> Any:
+        """Run ``call(connection)`` on this lane's thread, where ``connection()`` opens the
+        lane's connection on first use; its outcome, awaitable on this loop."""
         future = asyncio.get_running_loop().create_future()
         self._inbox.put((call, future))
         return future
@@ -226,6 +226,12 @@ class LaneThread:
 
     def close(self) -> None:
         self._inbox.put(None)
+
+    def connection(self) -> HandlerConnection:
+        """The lane's connection for its handlers, opened the first time one asks."""
+        if self._conn is None:
+            self._conn = self._connect()
+        return self._conn
 
     def _serve(self) -> None:
         try:
@@ -241,20 +247,40 @@ class LaneThread:
                 with contextlib.suppress(Exception):
                     self._conn.close()
 
-    def _one(self, call: Callable[[psycopg.Connection | None], Failure | None]) -> Failure | None:
-        if self._conn is None:
-            try:
-                self._conn = self._connect()
-            except BaseException as exc:
-                return failure_of(exc)
+    def _one(
+        self, call: Callable[[Callable[[], psycopg.Connection]], Failure | None]
+    ) -> Failure | None:
+        try:
+            failure = call(self.connection)
+        except BaseException as exc:  # the connection could not be opened
+            failure = failure_of(exc)
         conn = self._conn
-        failure = call(conn)
+        if conn is None:  # the handler never asked for one
+            return failure
         keep, left_open = reset(conn, self._pgbouncer)
         if not keep:
             with contextlib.suppress(Exception):
                 conn.close()
             self._conn = None
         return failure or (LEFT_OPEN if left_open else None)
+
+
+class LaneJob(Job):
+    """The ``Job`` a plain handler gets: ``job.conn`` is its lane's connection, opened the
+    first time the handler asks for it, so a handler that never writes costs none."""
+
+    _open: Callable[[], psycopg.Connection] | None = None
+    _lane_conn: psycopg.Connection | None = None
+
+    @property  # type: ignore[override]
+    def conn(self) -> psycopg.Connection | None:
+        if self._lane_conn is None and self._open is not None:
+            self._lane_conn = self._open()
+        return self._lane_conn
+
+    @conn.setter
+    def conn(self, value: psycopg.Connection | None) -> None:
+        self._lane_conn = value
 
 
 def _settle_future(future: asyncio.Future[Failure | None], outcome: Failure | None) -> None:

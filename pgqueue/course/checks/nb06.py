@@ -15,39 +15,39 @@ TOLERANCE = 0.3  # measured against predicted, relative: polls come a claim's ti
 
 
 def _reference(concurrency: int, queues: int, poll: float, reap: float) -> float:
-    return concurrency * queues / poll + 1 / reap
+    return queues / poll + 1 / reap
 
 
 # Plausible slips, each with what to look at.
 _SLIPS: list[tuple[Callable[[int, int, float, float], float], str]] = [
     (
-        lambda c, q, p, r: c * q / p,
+        lambda c, q, p, r: q / p,
         "you left out the reaper: the worker also runs the reap statement once every "
         "reap_interval seconds, work or no work",
     ),
     (
-        lambda c, q, p, r: q / p + 1 / r,
-        "each of the worker's `concurrency` lanes polls on its own: multiply the claims by "
-        "concurrency",
+        lambda c, q, p, r: c * q / p + 1 / r,
+        "the lanes do not poll on their own: one dispatcher claims for the whole worker "
+        "whenever a lane is free, so concurrency does not multiply the claims",
     ),
     (
-        lambda c, q, p, r: c / p + 1 / r,
-        "a lane asks each of its queues in turn, one claim statement per queue per poll: "
+        lambda c, q, p, r: 1 / p + 1 / r,
+        "the dispatcher asks each queue in turn, one claim statement per queue per poll: "
         "multiply the claims by the number of queues",
     ),
     (
-        lambda c, q, p, r: c * q / p + c / r,
-        "the reaper runs once per worker (in its keeper thread), not once per lane",
+        lambda c, q, p, r: q / p + c / r,
+        "the reaper runs once per worker, not once per lane",
     ),
     (
-        lambda c, q, p, r: c * q / p + 1 / r + 3 / 30,
+        lambda c, q, p, r: q / p + 1 / r + 3 / 30,
         "an idle worker holds no job, so it sends no heartbeats: they come only while a job "
         "is held",
     ),
     (
-        lambda c, q, p, r: c * q * p + 1 / r,
-        "a lane claims once every poll_interval seconds: that is 1 / poll_interval claims a "
-        "second, not poll_interval",
+        lambda c, q, p, r: q * p + 1 / r,
+        "the dispatcher claims once every poll_interval seconds: that is 1 / poll_interval "
+        "claims a second per queue, not poll_interval",
     ),
 ]
 
@@ -75,8 +75,8 @@ def check_idle_formula(formula: Callable[[int, int, float, float], float]) -> No
         expect(
             False,
             f"for concurrency={c}, queues={q}, poll_interval={p:g}, reap_interval={r:g} your "
-            f"formula gives {got:.3g} statements/s: count each lane's claims (one per queue per "
-            "poll) and the worker's reaps",
+            f"formula gives {got:.3g} statements/s: count the worker's claims (one per queue per "
+            "poll) and its reaps",
         )
     c, q, p, r = LIVE
     predicted = float(formula(*LIVE))
