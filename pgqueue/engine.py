@@ -52,12 +52,12 @@ from .handlers import (
     Failure,
     HandlerConnection,
     LaneJob,
-    LaneThread,
     describe,
     failure_of,
     is_coroutine_function,
 )
 from .job import Job
+from .lanes import RELEASED, SKIPPED, PlainLanes
 from .options import WorkerOptions
 from .params import _text
 from .tasks import Task
@@ -235,13 +235,27 @@ class Engine:
         self._orphans: set[asyncio.Task[Any]] = set()  # handlers cancelled at their timeout
         self._free_slots: list[int] = []
         self._next_slot = 1
-        self._lanes: list[LaneThread] = []  # idle lane threads for plain handlers
-        self._busy_lanes: set[LaneThread] = set()
-        self._lane_count = 0
+        self._finishers: set[asyncio.Task[None]] = set()  # a plain job's fail, under way
         self._bell = Bell()  # wakes the dispatcher: a lane is free, a stop, a notification
         self._work = Bell()  # wakes the lanes: jobs claimed, a stop
         self._lane_tasks: list[asyncio.Task[None]] = []
         self._plain_handler = not is_coroutine_function(handler)
+        tasks = options.tasks
+        # Plain handlers run on lane threads of their own (lanes.py); async ones on
+        # coroutine lanes of this loop. A Tasks registry may need both.
+        self._plain: PlainLanes | None = None
+        if tasks is not None or self._plain_handler:
+            self._plain = PlainLanes(
+                options.name,
+                options.concurrency,
+                start=self._start_plain,
+                run=self._run_plain,
+                wake=self._plain_woke,
+                connect=self._connect_plain,
+                pgbouncer=options.pgbouncer,
+                room=self._room,
+            )
+        self._async_lanes = tasks is not None or not self._plain_handler
         self._recording = not isinstance(self.events, NullEventLog)
         self._lane_names = [
             options.name if options.concurrency == 1 else f"{options.name}.{n}"
@@ -264,7 +278,9 @@ class Engine:
     @property
     def working(self) -> bool:
         """Whether the dispatcher or a handler still runs (a burst run ends when not)."""
-        return any(not t.done() for t in self._tasks[:1] + self._lane_tasks)
+        if any(not t.done() for t in self._tasks[:1] + self._lane_tasks) or self._finishers:
+            return True
+        return self._plain is not None and bool(self._plain.busy or self._plain.waiting)
 
     async def start(self, banner: str) -> None:
         """Check the database (a bad DSN or a missing table fails here), then start the
@@ -280,10 +296,11 @@ class Engine:
         log.info("%s", banner)
         self._pool = ConnectionPool(o.connections, self._connect_async, o.pgbouncer)
         self._tasks.append(asyncio.create_task(self._dispatch(), name=f"pgqueue-{o.name}"))
-        self._lane_tasks = [
-            asyncio.create_task(self._run_lane(), name=f"pgqueue-{name}")
-            for name in self._lane_names
-        ]
+        if self._async_lanes:
+            self._lane_tasks = [
+                asyncio.create_task(self._run_lane(), name=f"pgqueue-{name}")
+                for name in self._lane_names
+            ]
         self._tasks.append(asyncio.create_task(self._keep(), name=f"pgqueue-{o.name}-keeper"))
         self._tasks.append(asyncio.create_task(self._reaping(), name=f"pgqueue-{o.name}-reaper"))
         if o.listen and o.pgbouncer and not o.listen_dsn:
@@ -302,6 +319,8 @@ class Engine:
             self._force.set()
         if self.phase == Phase.WORKING:
             self.phase = Phase.STOPPING
+        if self._plain is not None:
+            self._plain.close()  # busy lanes finish their job; none takes another
         self._bell.ring()
         self._work.ring()
 
@@ -358,17 +377,19 @@ class Engine:
             self._final_until = time.monotonic() + bound
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._flushed(), bound)
+            if self._finishers:
+                left = max(0.0, self._final_until - time.monotonic())
+                await asyncio.wait(list(self._finishers), timeout=left)
         if self.phase < Phase.CLOSED:
             self.phase = Phase.CLOSED
-        doomed = [*self._tasks, *self._lane_tasks]
+        doomed = [*self._tasks, *self._lane_tasks, *self._finishers]
         if self._flusher is not None:
             doomed.append(self._flusher)
         for task in doomed:
             task.cancel()
         await asyncio.gather(*doomed, return_exceptions=True)
-        for lane in [*self._lanes, *self._busy_lanes]:
-            lane.close()
-        self._lanes.clear()
+        if self._plain is not None:
+            self._plain.close()
         if self._pool is not None:
             await self._pool.close()
         await self._claims_link.drop()
@@ -427,6 +448,8 @@ class Engine:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
         self._work.ring()  # lanes waiting for work: the dispatcher is done
+        if self._plain is not None:
+            self._waiting.extend(self._plain.drain())
         while self._waiting and self.phase < Phase.LEAVING:
             claim = self._waiting.popleft()  # claimed, never started: give back, attempt too
             if self._own_finish(claim):
@@ -443,10 +466,13 @@ class Engine:
             return True
         self.seams._gate()
         queue = await self._claims_link.get()
-        jobs = await queue.claim(list(o.queues), limit=o.batch, lease=o.lease)
-        self._deep = len(jobs) == o.batch
+        # Under a backlog one claim fills every lane: ``batch`` for each, as when each lane
+        # claimed its own (one commit, and its WAL flush, for all of them).
+        limit = min(o.batch * o.concurrency, 10_000) if self._deep else o.batch
+        jobs = await queue.claim(list(o.queues), limit=limit, lease=o.lease)
+        self._deep = len(jobs) == limit
         if not jobs:
-            if o.burst and not self._busy and not self._waiting:
+            if o.burst and not (self._busy_now() or self._waiting_now() or self._finishers):
                 return False
             await self._bell.wait(seen, o.poll_interval)
             return True
@@ -458,8 +484,18 @@ class Engine:
         return True
 
     def _wants_jobs(self) -> bool:
-        waiting, lanes = len(self._waiting), self.options.concurrency
-        return (waiting == 0 and self._busy < lanes) or (self._deep and waiting < lanes)
+        waiting, lanes = self._waiting_now(), self.options.concurrency
+        return (waiting == 0 and self._busy_now() < lanes) or (self._deep and waiting < lanes)
+
+    def _waiting_now(self) -> int:
+        return len(self._waiting) + (len(self._plain.waiting) if self._plain else 0)
+
+    def _busy_now(self) -> int:
+        return self._busy + (self._plain.busy if self._plain else 0)
+
+    def _room(self) -> bool:
+        """Whether a lane may start another job: at most ``concurrency`` run at once."""
+        return self._busy_now() < self.options.concurrency
 
     def _take(self, jobs: list[AsyncJob]) -> list[Job]:
         batch = Batch(len(jobs))
@@ -478,7 +514,12 @@ class Engine:
             claim = Claim(job, slot, lanes[(slot - 1) % len(lanes)], batch, plain)
             self.claims[(job.id, job.fence)] = claim
             new.append(claim)
-        self._waiting.extend(new)
+        plain_claims = [claim for claim in new if claim.plain]
+        if plain_claims:
+            assert self._plain is not None
+            self._plain.add(plain_claims)
+        if len(plain_claims) < len(new):
+            self._waiting.extend(claim for claim in new if not claim.plain)
         if self._recording:  # the record the notebooks draw (off: not even its rows built)
             for claim in new:
                 claim.job.on_event = functools.partial(self._record_job, claim.lane)
@@ -503,8 +544,8 @@ class Engine:
         dispatcher has found the queue dry and nothing waits)."""
         work, o = self._work, self.options
         while self.phase == Phase.WORKING:
-            if not self._waiting:
-                if self._tasks[0].done():
+            if not self._waiting or not self._room():
+                if self._tasks[0].done() and not self._waiting:
                     return  # the dispatcher has ended (burst: the queue is dry)
                 await work.wait(work.generation, o.poll_interval)
                 continue
@@ -514,6 +555,8 @@ class Engine:
                 await self._run_job(claim)
             finally:
                 self._busy -= 1
+                if self._plain is not None:
+                    self._plain.ring()  # a slot is free (a mixed registry shares them)
                 if self._wants_jobs():
                     self._bell.ring()  # a lane is free: the dispatcher may claim
 
@@ -556,60 +599,114 @@ class Engine:
         return False
 
     async def _call(self, claim: Claim) -> Failure | None:
-        """Run the handler (a plain one on a lane thread, a coroutine as a task); None on
-        success, else how it failed. Past its timeout the job is lost at once, and the
-        handler is left to end by itself (a coroutine cancelled, a thread retired)."""
+        """Run an async handler as a task of its own; None on success, else how it failed.
+        Past its timeout the job is lost at once and the handler cancelled."""
         job = claim.job
-        lane: LaneThread | None = None
-        handler: asyncio.Future[Failure | None]
-        if claim.plain:
-            lane = self._lane()
-            handler = lane.run(functools.partial(self._call_plain, job, claim.lane))
-        else:
-            handler = asyncio.create_task(self._call_async(job), name=f"pgqueue-{claim.lane}-h")
+        handler = asyncio.create_task(self._call_async(job), name=f"pgqueue-{claim.lane}-h")
         try:
-            if claim.timeout is None:  # (asyncio.wait costs a set and callbacks a job)
-                await handler
-                done: Any = (handler,)
-            else:
-                done, _ = await asyncio.wait([handler], timeout=claim.timeout)
+            done, _ = await asyncio.wait([handler], timeout=claim.timeout)
         except asyncio.CancelledError:  # the engine's own cancellation: pass it on
             handler.cancel()
-            if lane is not None:
-                self._retire(lane)
             raise
         if done:
-            if lane is not None:
-                self._busy_lanes.discard(lane)
-                self._lanes.append(lane)
             return Failure("CancelledError") if handler.cancelled() else handler.result()
         job.mark_lost()  # first: nothing the handler writes from now on is accepted
+        handler.cancel()
+        self._orphans.add(handler)
+        handler.add_done_callback(self._orphans.discard)
+        return self._timed_out(claim)
+
+    def _timed_out(self, claim: Claim) -> Failure:
         self.timed_out += 1
-        if lane is not None:
-            self._retire(lane)
-        else:
-            handler.cancel()
-            self._orphans.add(handler)
-            handler.add_done_callback(self._orphans.discard)
         log.warning(
-            "%s: job %s ran past the %gs timeout; failing it", claim.lane, job.id, claim.timeout
+            "%s: job %s ran past the %gs timeout; failing it",
+            claim.lane,
+            claim.job.id,
+            claim.timeout,
         )
         return Failure(f"TimeoutError: the handler ran past the {claim.timeout:g} s timeout")
 
-    def _lane(self) -> LaneThread:
-        """An idle lane thread, or a new one (at most ``concurrency`` are busy at once)."""
-        if self._lanes:
-            lane = self._lanes.pop()
-        else:
-            o = self.options
-            self._lane_count += 1
-            lane = LaneThread(f"{o.name}-lane{self._lane_count}", self._connect_plain, o.pgbouncer)
-        self._busy_lanes.add(lane)
-        return lane
+    # -- plain jobs: begun and run on a lane thread, ended here -------------------------------
+    def _start_plain(self, claim: Claim) -> Failure | None:
+        """On a lane thread: whether the job may start (None), else why not. Reads the
+        engine's state, never writes it: the loop files what this says."""
+        self.seams._gate()
+        key = (claim.job.id, claim.job.fence)
+        if self.phase != Phase.WORKING:
+            return RELEASED  # stopping: an unstarted job goes back
+        if self.claims.get(key) is not claim or key in self._finishing or claim.job.lost:
+            return SKIPPED
+        claim.timeout = self._timeout_for(claim.job)
+        claim.started = time.monotonic()
+        return None
 
-    def _retire(self, lane: LaneThread) -> None:
-        self._busy_lanes.discard(lane)
-        lane.retire()
+    def _run_plain(
+        self, claim: Claim, connection: Callable[[], psycopg.Connection]
+    ) -> Failure | None:
+        failure = self._call_plain(claim.job, claim.lane, connection)
+        self.seams._gate()  # a freeze during the handler ends here
+        return failure
+
+    def _plain_woke(self) -> None:
+        """On a lane thread: outcomes are waiting for the loop."""
+        self.call_soon(self._plain_done)
+
+    def _plain_done(self) -> None:
+        """File the outcomes of plain jobs, as many as came in since the last wake-up."""
+        assert self._plain is not None
+        for claim, outcome in self._plain.take_done():
+            self._ended(claim, outcome)
+        if self._wants_jobs():
+            self._bell.ring()
+
+    def _ended(self, claim: Claim, outcome: Failure | None) -> None:
+        if outcome is SKIPPED:
+            if self.claims.get((claim.job.id, claim.job.fence)) is claim:
+                self._drop(claim)
+                self._record(claim.lane, "skipped", claim.job, "lease lost before it started")
+        elif outcome is RELEASED:
+            if self._own_finish(claim):
+                self._spawn_finish(claim, "release")
+            return
+        elif self._own_finish(claim):
+            if outcome is not None:
+                self._spawn_finish(claim, "fail", outcome)
+            elif self.options.complete_in_batches:
+                self._buffer.append((claim, time.monotonic()))
+            else:
+                self._spawn_finish(claim, "complete")
+        claim.batch.left -= 1
+        if claim.batch.left == 0:
+            self._flush_soon()
+
+    def _spawn_finish(self, claim: Claim, action: str, failure: Failure | None = None) -> None:
+        task = asyncio.create_task(self._finish(claim, action, failure))
+        self._finishers.add(task)
+        task.add_done_callback(self._finisher_done)
+
+    def _finisher_done(self, task: asyncio.Task[None]) -> None:
+        self._finishers.discard(task)
+        if self._wants_jobs():
+            self._bell.ring()
+
+    def _time_out_plain(self) -> None:
+        """Fail each plain handler past its timeout and retire its lane (a new one takes
+        its place; the hung thread ends whenever its handler returns)."""
+        if self._plain is None:
+            return
+        now = time.monotonic()
+        for lane, claim in self._plain.running():
+            if claim.started is None or claim.timeout is None:
+                continue
+            if now - claim.started <= claim.timeout or not self._plain.retire(lane, claim):
+                continue
+            claim.job.mark_lost()  # first: nothing the handler writes from now on counts
+            failure = self._timed_out(claim)
+            if self._own_finish(claim):
+                self._spawn_finish(claim, "fail", failure)
+            claim.batch.left -= 1
+            if claim.batch.left == 0:
+                self._flush_soon()
 
     def _call_plain(
         self, job: Job, lane: str, connection: Callable[[], psycopg.Connection]
@@ -863,6 +960,7 @@ class Engine:
                         beating = asyncio.create_task(self._beat(link))
                         next_beat = now + beat_every
                     self._expire()
+                    self._time_out_plain()
                     waited = 0.0 if self.phase == Phase.STOPPING else self.options.flush_after
                     if self._buffer and now - self._buffer[0][1] >= waited:
                         self._flush_soon()

@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import queue as queues
-import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -196,75 +194,6 @@ class ConnectionPool:
                 await conn.close()
 
 
-# -- lane threads: where plain handlers run ------------------------------------------------
-class LaneThread:
-    """One thread that runs plain handlers one at a time, each on the lane's connection
-    (opened on first use, reset between jobs). A lane whose handler hangs past its timeout
-    is retired: the engine stops waiting for it, and the thread ends when the handler
-    returns, closing its connection."""
-
-    def __init__(self, name: str, connect: Callable[[], HandlerConnection], pgbouncer: bool):
-        self.name = name
-        self.retired = False
-        self._connect = connect
-        self._pgbouncer = pgbouncer
-        self._inbox: queues.SimpleQueue[Any] = queues.SimpleQueue()
-        self._conn: HandlerConnection | None = None
-        self._thread = threading.Thread(target=self._serve, daemon=True, name=f"pgqueue-{name}")
-        self._thread.start()
-
-    def run(self, call: Callable[[Callable[[], psycopg.Connection]], Failure | None]) -> Any:
-        """Run ``call(connection)`` on this lane's thread, where ``connection()`` opens the
-        lane's connection on first use; its outcome, awaitable on this loop."""
-        future = asyncio.get_running_loop().create_future()
-        self._inbox.put((call, future))
-        return future
-
-    def retire(self) -> None:
-        self.retired = True
-        self._inbox.put(None)
-
-    def close(self) -> None:
-        self._inbox.put(None)
-
-    def connection(self) -> HandlerConnection:
-        """The lane's connection for its handlers, opened the first time one asks."""
-        if self._conn is None:
-            self._conn = self._connect()
-        return self._conn
-
-    def _serve(self) -> None:
-        try:
-            while (work := self._inbox.get()) is not None:
-                call, future = work
-                outcome = self._one(call)
-                if not future.done():  # cancelled once the engine stopped waiting
-                    future.get_loop().call_soon_threadsafe(_settle_future, future, outcome)
-        except RuntimeError:
-            pass  # the engine's loop has closed: nobody waits for this lane any more
-        finally:
-            if self._conn is not None:
-                with contextlib.suppress(Exception):
-                    self._conn.close()
-
-    def _one(
-        self, call: Callable[[Callable[[], psycopg.Connection]], Failure | None]
-    ) -> Failure | None:
-        try:
-            failure = call(self.connection)
-        except BaseException as exc:  # the connection could not be opened
-            failure = failure_of(exc)
-        conn = self._conn
-        if conn is None:  # the handler never asked for one
-            return failure
-        keep, left_open = reset(conn, self._pgbouncer)
-        if not keep:
-            with contextlib.suppress(Exception):
-                conn.close()
-            self._conn = None
-        return failure or (LEFT_OPEN if left_open else None)
-
-
 class LaneJob(Job):
     """The ``Job`` a plain handler gets: ``job.conn`` is its lane's connection, opened the
     first time the handler asks for it, so a handler that never writes costs none."""
@@ -281,8 +210,3 @@ class LaneJob(Job):
     @conn.setter
     def conn(self, value: psycopg.Connection | None) -> None:
         self._lane_conn = value
-
-
-def _settle_future(future: asyncio.Future[Failure | None], outcome: Failure | None) -> None:
-    if not future.done():
-        future.set_result(outcome)
