@@ -38,6 +38,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import conninfo
 
+from . import periodic
 from .async_job import AsyncJob
 from .async_queue import AsyncQueue, async_connect
 from .db import connect
@@ -232,6 +233,10 @@ class Engine:
         self._force: asyncio.Event | None = None
         self._final_until = float("inf")  # no write is tried past this (monotonic)
         self._loop: asyncio.AbstractEventLoop | None = None
+        # The periodic tasks of this worker's queues: the dispatcher ticks them about once
+        # a second (so it waits no longer than until the next tick).
+        self._schedules = periodic.schedules_for(options.tasks, options.queues)
+        self._next_tick = 0.0 if self._schedules else float("inf")  # monotonic
 
     # -- control ---------------------------------------------------------------------
     @property
@@ -387,6 +392,9 @@ class Engine:
                 if time.monotonic() >= next_reap:
                     await self._reap()
                     next_reap = time.monotonic() + self.options.reap_interval
+                if time.monotonic() >= self._next_tick:
+                    self._next_tick = time.monotonic() + periodic.TICK  # a failed one waits too
+                    await periodic.tick(await self._claims_link.get(), self._schedules)
                 if not await self._dispatch_once():
                     break
                 delay = 0.05
@@ -412,8 +420,9 @@ class Engine:
         o = self.options
         seen = self._bell.generation
         self._start_waiting()
+        poll = min(o.poll_interval, max(0.01, self._next_tick - time.monotonic()))
         if self._waiting or len(self._running) >= o.concurrency:
-            await self._bell.wait(seen, o.poll_interval)  # a handler ends, or a stop
+            await self._bell.wait(seen, poll)  # a handler ends, or a stop
             return True
         self.seams._gate()
         queue = await self._claims_link.get()
@@ -421,7 +430,7 @@ class Engine:
         if not jobs:
             if o.burst and not self._running:
                 return False
-            await self._bell.wait(seen, o.poll_interval)
+            await self._bell.wait(seen, poll)
             return True
         claimed = self._take(jobs)
         after = self.seams._after_claim(claimed)

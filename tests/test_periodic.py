@@ -10,8 +10,12 @@ four ``pgqueue worker`` processes (one SIGSTOPped past its term) making one job 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -20,7 +24,7 @@ import psycopg
 import pytest
 
 from conftest import rows
-from pgqueue import AsyncQueue, BadInput, Job, NotInstalled, Queue, Tasks
+from pgqueue import AsyncQueue, BadInput, Job, NotInstalled, Queue, Tasks, Worker
 from pgqueue.periodic import (
     CATCH_UP_ALL,
     GRACE,
@@ -87,7 +91,7 @@ def set_last_slot_back(dsn: str, seconds: float, name: str = "<lambda>") -> None
         )
 
 
-def until(check: Any, seconds: float, what: str, *workers: Any) -> None:
+def until(check: Any, seconds: float, what: str, *workers: TickingProcess) -> None:
     deadline = time.monotonic() + seconds
     while not check():
         if time.monotonic() > deadline:
@@ -304,3 +308,113 @@ def test_a_periodic_task_is_a_task_that_can_be_enqueued_by_hand(dsn: str) -> Non
         job_id
     ]) == [("nightly", {"task": "cleanup", "kwargs": {"dry_run": True}}, 2, 4)]  # fmt: skip
     tasks.close()
+
+
+# -- real workers ticking -------------------------------------------------------------
+def test_two_worker_threads_ticking_make_one_job_per_slot(dsn: str) -> None:
+    tasks = Tasks(dsn)
+    ran: list[str] = []
+
+    @tasks.periodic(every=1)
+    def beat(job: Job) -> None:
+        ran.append(job.payload["slot"])
+
+    workers = [Worker(tasks, dsn=dsn, name=f"w{i}", poll_interval=0.2).start() for i in (1, 2)]
+    try:
+        until(lambda: len(made(dsn, "beat")) >= 4, 15, "four slots")
+    finally:
+        for w in workers:
+            w.stop(grace=2)
+    slots = [slot for slot, _ in made(dsn, "beat")]
+    assert slots == [slots[0] + timedelta(seconds=n) for n in range(len(slots))]
+    assert len(set(ran)) == len(ran) and len(ran) >= len(slots) - 1
+    no_slot_twice(dsn)
+
+
+class TickingProcess:
+    """One ``pgqueue worker tests.periodic_tasks:tasks`` subprocess, output kept in files."""
+
+    def __init__(self, dsn: str, name: str, logs: Path) -> None:
+        self.name, self.err = name, logs / f"{name}.err"
+        with open(logs / f"{name}.out", "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen(
+                [PGQUEUE, "--dsn", dsn, "worker", "tests.periodic_tasks:tasks", "--name", name,
+                 "--lease", "1", "--poll", "0.2", "--reap-interval", "0.5"],
+                cwd=ROOT, stdout=out, stderr=err,
+                env={k: v for k, v in os.environ.items() if k != "PGQUEUE_DSN"},
+            )  # fmt: skip
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.proc.pid, sig)
+
+    def stop(self) -> int:
+        """SIGCONT, SIGTERM (a graceful stop) and the exit code; SIGKILL if it hangs."""
+        if self.proc.poll() is None:
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+    def stderr(self) -> str:
+        return self.err.read_text()
+
+
+@pytest.fixture
+def ticking(dsn: str, tmp_path: Path) -> Iterator[Any]:
+    """Start ticking worker processes on this test's database; all stopped afterwards."""
+    started: list[TickingProcess] = []
+
+    def start(name: str) -> TickingProcess:
+        started.append(TickingProcess(dsn, name, tmp_path))
+        return started[-1]
+
+    yield start
+    for worker in started:
+        if worker.proc.poll() is None:
+            worker.signal(signal.SIGCONT)
+            worker.proc.kill()
+            worker.proc.wait(10)
+
+
+@pytest.mark.slow
+def test_four_worker_processes_make_one_job_per_slot_one_paused_past_its_term(
+    dsn: str, ticking: Any
+) -> None:
+    """Done when (issue #20): four ``pgqueue worker`` processes ticking every=1 make one job
+    per slot and no slot twice, one of them SIGSTOPped for 3 s (past its 1 s lease, and its
+    tick's plan gone stale) and woken; then, every worker stopped and the record moved 10 s
+    back (as if they had stopped 10 s ago), the `latest` policy makes one catch-up job."""
+    name = "every_second"
+    workers = [ticking(f"p{i}") for i in range(4)]
+    until(lambda: len(made(dsn, name)) >= 2, 60, "the first slots", *workers)
+    workers[1].signal(signal.SIGSTOP)
+    time.sleep(3)
+    workers[1].signal(signal.SIGCONT)
+    time.sleep(3)
+    for w in workers:
+        assert w.stop() == 0, w.stderr()
+    slots = [slot for slot, _ in made(dsn, name)]
+    assert len(slots) >= 6 and contiguous(slots)  # a job for every slot, none twice
+    no_slot_twice(dsn)
+
+    with psycopg.connect(dsn, autocommit=True) as conn:  # every worker stopped 10 s ago
+        conn.execute("UPDATE pgqueue_schedules SET last_slot = last_slot - interval '10 s'")
+        conn.execute("UPDATE pgqueue_slots SET slot = slot - interval '10 s'")
+        conn.execute(
+            "UPDATE jobs SET payload = jsonb_set(payload, '{slot}', "
+            "to_jsonb((payload->>'slot')::timestamptz - interval '10 s'))"
+        )
+    before = {slot for slot, _ in made(dsn, name)}
+    workers = [ticking(f"q{i}") for i in range(4)]
+    until(lambda: len(made(dsn, name)) >= len(before) + 5, 60, "ticks after the gap", *workers)
+    for w in workers:
+        assert w.stop() == 0, w.stderr()
+    after = [(slot, ran) for slot, ran in made(dsn, name) if slot not in before]
+    caught_up = [slot for slot, ran in after if ran - slot > timedelta(seconds=GRACE)]
+    on_time = [slot for slot, ran in after if ran - slot <= timedelta(seconds=GRACE)]
+    assert len(caught_up) == 1  # the newest missed slot of the gap, no other
+    assert contiguous(on_time) and caught_up[0] < on_time[0]
+    no_slot_twice(dsn)
