@@ -10,6 +10,7 @@ four ``pgqueue worker`` processes (one SIGSTOPped past its term) making one job 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -418,3 +419,25 @@ def test_four_worker_processes_make_one_job_per_slot_one_paused_past_its_term(
     assert len(caught_up) == 1  # the newest missed slot of the gap, no other
     assert contiguous(on_time) and caught_up[0] < on_time[0]
     no_slot_twice(dsn)
+
+
+def test_cli_stats_shows_each_schedule_with_its_last_and_next_slot(dsn: str) -> None:
+    run_tick(dsn, schedule(every=30, name="sample", queue="metrics"))
+    [state] = Queue(dsn).schedules()
+    assert (state.name, state.spec, state.queue) == ("sample", "every 30s", "metrics")
+    assert state.next_slot - state.last_slot == timedelta(seconds=30)
+    env = {k: v for k, v in os.environ.items() if k != "PGQUEUE_DSN"}
+    text = subprocess.run(
+        [PGQUEUE, "--dsn", dsn, "stats"], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    last, following = (t.astimezone(UTC) for t in (state.last_slot, state.next_slot))
+    assert (
+        f"schedule sample (every 30s) on 'metrics': last slot {last:%Y-%m-%d %H:%M:%S} UTC" in text
+    )
+    assert f"next {following:%Y-%m-%d %H:%M:%S} UTC" in text
+    listed = subprocess.run(
+        [PGQUEUE, "--dsn", dsn, "stats", "--json"], capture_output=True, text=True, env=env
+    ).stdout
+    [row] = [r for r in json.loads(listed) if r["status"] == "schedule"]
+    assert row["schedule"] == "sample" and row["queue"] == "metrics" and not row["estimated"]
+    assert datetime.fromisoformat(row["next_slot"]) == state.next_slot
