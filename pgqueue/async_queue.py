@@ -66,10 +66,12 @@ from .params import (
     _reserved,
     _retried,
     _retry_dead_plan,
+    _schedule_clock,
     _stats_rows,
     pgqueue_error,
 )
-from .queue import JobState, Reaped
+from .periodic import Schedule, tick_params
+from .queue import JobState, Reaped, ScheduleState
 
 AsyncCursor = psycopg.AsyncCursor[Any]
 # Planned afresh at each call, never prepared: the AsyncWorker completes whatever finished
@@ -383,6 +385,27 @@ class AsyncQueue:
             total = await self._one("stats_rows", {})
             rows.append(_finished_estimate(rows, total))
         return rows
+
+    async def schedules(self) -> list[ScheduleState]:
+        """``Queue.schedules``: every periodic schedule, with its last and next slot."""
+        return [ScheduleState(*row) for row in await self._all("schedules", {})]
+
+    # -- periodic jobs: what a worker's tick sends (pgqueue/periodic.py) ------------------
+    async def schedule_clock(self, names: Sequence[str]) -> tuple[datetime, dict[str, datetime]]:
+        """The server's clock, and the last slot of each named schedule that has a row."""
+        return _schedule_clock(await self._all("schedule_clock", {"names": list(names)}))
+
+    async def schedule_add(self, schedule: Schedule, slots: Sequence[datetime]) -> bool:
+        """Add a schedule's row, starting at its newest slot of ``slots`` not after the
+        server's clock; False if another worker added it first."""
+        cur = await self._run("schedule_add", tick_params(schedule, slots))
+        return cur.rowcount == 1
+
+    async def schedule_tick(self, schedule: Schedule, slots: Sequence[datetime]) -> int:
+        """Make the jobs of the due slots among ``slots`` that no worker made yet (the
+        database decides which are due, and the slot's key that one job exists); how many."""
+        row = await self._one("schedule_tick", tick_params(schedule, slots))
+        return int(row[0]) if row else 0
 
     async def prune(
         self,

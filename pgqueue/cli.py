@@ -10,14 +10,15 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
 
 from .db import describe_dsn, first_line, mask_dsn, resolve_dsn
-from .errors import BadInput, PgQueueError
+from .errors import BadInput, NotInstalled, PgQueueError
 from .install import DEFAULT_LOCK_TIMEOUT
-from .queue import Queue
+from .queue import Queue, ScheduleState
 
 
 class UsageError(PgQueueError):
@@ -157,7 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     command("reap", cmd_reap, "return jobs with expired leases to the queue (or mark them dead)")
 
     p = command(
-        "stats", cmd_stats, "ready, running and dead jobs by queue (finished ones estimated)"
+        "stats",
+        cmd_stats,
+        "ready, running and dead jobs by queue (finished ones estimated), and each periodic "
+        "schedule's last and next slot",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--exact", action="store_true", help="count every status (reads the table)")
@@ -364,8 +368,12 @@ def cmd_reap(args: argparse.Namespace) -> None:
 def cmd_stats(args: argparse.Namespace) -> None:
     with _queue(args) as q:
         rows = q.stats(exact=args.exact)
+        try:
+            schedules = q.schedules()
+        except NotInstalled:  # installed before periodic jobs: so none
+            schedules = []
     if args.json:
-        print(json.dumps(rows, default=str))
+        print(json.dumps(rows + [_schedule_row(s) for s in schedules], default=str))
         return
     counted = [r for r in rows if not r["estimated"]]
     if not counted:
@@ -381,6 +389,29 @@ def cmd_stats(args: argparse.Namespace) -> None:
         if row["estimated"]:
             jobs = "unknown until the table is analyzed" if row["jobs"] is None else row["jobs"]
             print(f"finished (done or cancelled), all queues, estimated: {jobs}")
+    for s in schedules:
+        last, following = _utc(s.last_slot), _utc(s.next_slot) if s.next_slot else "unknown"
+        print(f"schedule {s.name} ({s.spec}) on {s.queue!r}: last slot {last}, next {following}")
+
+
+def _utc(t: datetime) -> str:
+    return f"{t.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+
+
+def _schedule_row(s: ScheduleState) -> dict[str, Any]:
+    """A schedule as ``stats --json`` lists it: a row of status 'schedule'."""
+    return {
+        "queue": s.queue,
+        "status": "schedule",
+        "jobs": None,
+        "oldest_ready_seconds": None,
+        "latest_error": None,
+        "estimated": False,
+        "schedule": s.name,
+        "spec": s.spec,
+        "last_slot": s.last_slot.isoformat(),
+        "next_slot": s.next_slot.isoformat() if s.next_slot else None,
+    }
 
 
 def cmd_prune(args: argparse.Namespace) -> None:

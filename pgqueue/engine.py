@@ -40,6 +40,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import conninfo
 
+from . import periodic
 from .async_job import AsyncJob
 from .async_queue import AsyncQueue, async_connect
 from .db import connect
@@ -269,6 +270,8 @@ class Engine:
         self._force: asyncio.Event | None = None
         self._final_until = float("inf")  # no write is tried past this (monotonic)
         self._loop: asyncio.AbstractEventLoop | None = None
+        # The periodic tasks of this worker's queues, ticked about once a second.
+        self._schedules = periodic.schedules_for(options.tasks, options.queues)
 
     # -- control ---------------------------------------------------------------------
     @property
@@ -303,6 +306,8 @@ class Engine:
             ]
         self._tasks.append(asyncio.create_task(self._keep(), name=f"pgqueue-{o.name}-keeper"))
         self._tasks.append(asyncio.create_task(self._reaping(), name=f"pgqueue-{o.name}-reaper"))
+        if self._schedules:
+            self._tasks.append(asyncio.create_task(self._ticking(), name=f"pgqueue-{o.name}-tick"))
         if o.listen and o.pgbouncer and not o.listen_dsn:
             log.warning(
                 "%s: behind PgBouncer LISTEN needs a direct connection (listen_dsn, "
@@ -1046,6 +1051,24 @@ class Engine:
                 level = logging.WARNING if isinstance(exc, DISCONNECTS) else logging.ERROR
                 log.log(level, "%s: reaper: %s", self.options.name, describe(exc))
             await asyncio.sleep(self.options.reap_interval)
+
+    async def _ticking(self) -> None:
+        """Tick the periodic tasks about once a second (every worker does: the database's
+        unique key on (schedule, slot) keeps one job per slot). It shares the claims'
+        connection; a job it makes rings the dispatcher."""
+        while self.phase == Phase.WORKING:
+            try:
+                if await periodic.tick(await self._claims_link.get(), self._schedules):
+                    self._bell.ring()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                await self._claims_link.drop()
+                if self.phase != Phase.WORKING or await self._broken_setup(exc):
+                    return
+                level = logging.WARNING if isinstance(exc, DISCONNECTS) else logging.ERROR
+                log.log(level, "%s: periodic tick: %s", self.options.name, describe(exc))
+            await asyncio.sleep(periodic.TICK)
 
     async def _reap(self) -> None:
         queue = await self._claims_link.get()

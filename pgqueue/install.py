@@ -3,11 +3,12 @@
 is missing (``sql/schema.sql``), and the one-line error for a lock it could not get.
 
 Two kinds of step. Brief ones (create the table, add columns, add the status check
-``NOT VALID``, the NOTIFY trigger) run together in one transaction under a lock timeout:
-each needs a strong lock on ``jobs`` for a moment, and none may queue the fleet behind a
-long transaction. Slow ones (validate the check, build an index) run one statement at a
-time outside any transaction with locks that let claims and completions go on: an index
-is built ``CONCURRENTLY``, the check is validated under SHARE UPDATE EXCLUSIVE.
+``NOT VALID``, the NOTIFY trigger; the periodic tables, which lock nothing in use) run
+together in one transaction under a lock timeout: each of the others needs a strong lock
+on ``jobs`` for a moment, and none may queue the fleet behind a long transaction. Slow
+ones (validate the check, build an index) run one statement at a time outside any
+transaction with locks that let claims and completions go on: an index is built
+``CONCURRENTLY``, the check is validated under SHARE UPDATE EXCLUSIVE.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class Catalog:
     status_check_valid: bool | None  # None: no status check
     notify_function: bool
     notify_trigger: bool
+    schedules: bool  # the periodic tables
+    slots: bool
     indexes: dict[str, Index]
 
 
@@ -107,7 +110,7 @@ def _current(index: Index) -> bool:
 
 def catalog(found: Sequence[Any], indexes: Iterable[Sequence[Any]]) -> Catalog:
     """The replies of ``installed`` and ``installed_indexes`` as one ``Catalog``."""
-    jobs, archive, jobs_columns, archive_columns, check, function, trigger = found
+    jobs, archive, jobs_columns, archive_columns, check, function, trigger, schedules, slots = found
     return Catalog(
         jobs=jobs,
         archive=archive,
@@ -116,6 +119,8 @@ def catalog(found: Sequence[Any], indexes: Iterable[Sequence[Any]]) -> Catalog:
         status_check_valid=check,
         notify_function=function,
         notify_trigger=trigger,
+        schedules=schedules,
+        slots=slots,
         indexes={row[0]: Index(*row) for row in indexes},
     )
 
@@ -141,7 +146,7 @@ def brief_steps(found: Catalog, notify: bool | None) -> list[Step]:
         if notify is not False:
             steps.append(_step("created the NOTIFY function", "notify_function"))
             steps.append(_step("created the NOTIFY trigger", "notify_trigger"))
-        return steps
+        return steps + _periodic_steps(found)
     steps = []
     if not added_columns() <= found.jobs_columns:
         missing = ", ".join(sorted(added_columns() - found.jobs_columns))
@@ -158,6 +163,16 @@ def brief_steps(found: Catalog, notify: bool | None) -> list[Step]:
         steps.append(_step("created the NOTIFY trigger", "notify_trigger"))
     elif notify is False and found.notify_trigger:
         steps.append(Step("dropped the NOTIFY trigger", sql.SQL(statements.query("notify_off"))))
+    return steps + _periodic_steps(found)
+
+
+def _periodic_steps(found: Catalog) -> list[Step]:
+    """The periodic tables, if missing: new tables, so they lock nothing anyone uses."""
+    steps = []
+    if not found.schedules:
+        steps.append(_step("created pgqueue_schedules (periodic jobs)", "schedules_table"))
+    if not found.slots:
+        steps.append(_step("created pgqueue_slots (periodic jobs)", "slots_table"))
     return steps
 
 

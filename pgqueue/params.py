@@ -165,6 +165,7 @@ COPY_TYPES = ["bigint", "text", "jsonb", "timestamptz", "integer", "integer"]  #
 
 
 RETRY_DEAD = ("retry_dead", "retry_dead_ids")
+PERIODIC = ("schedule_clock", "schedule_add", "schedule_tick", "schedules")
 
 
 def pgqueue_error(exc: psycopg.Error, name: str | None = None) -> PgQueueError | None:
@@ -190,6 +191,11 @@ def pgqueue_error(exc: psycopg.Error, name: str | None = None) -> PgQueueError |
         return PgQueueError(
             f"prepared statements failed ({first_line(exc)}): behind PgBouncer in "
             "transaction mode? Use --pgbouncer (PGQUEUE_PGBOUNCER=1, Queue(pgbouncer=True))"
+        )
+    if isinstance(exc, psycopg.errors.UndefinedTable) and name in PERIODIC:
+        return NotInstalled(
+            "the periodic tables (pgqueue_schedules, pgqueue_slots) do not exist in this "
+            "database: run `pgqueue init` (or Queue.install()) to add them"
         )
     if isinstance(exc, psycopg.errors.UndefinedTable):
         return NotInstalled(
@@ -467,3 +473,8 @@ class _Pruning:
     @property
     def progress(self) -> tuple[int, int]:
         return self.after - self.low + 1, self.high - self.low + 1
+
+
+def _schedule_clock(rows: list[tuple[Any, ...]]) -> tuple[datetime, dict[str, datetime]]:
+    """``schedule_clock``'s reply: the server's clock, and each schedule's last slot."""
+    return rows[0][0], {r[1]: r[2] for r in rows if r[1] is not None}

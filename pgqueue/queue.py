@@ -93,6 +93,17 @@ class JobState(NamedTuple):
     last_error: str | None
 
 
+class ScheduleState(NamedTuple):
+    """One periodic schedule as the table holds it (``Queue.schedules``): its last slot
+    (a job made, or skipped as missed) and its next, as of the last tick that moved it."""
+
+    name: str
+    spec: str  # 'cron */5 * * * *' or 'every 30s'
+    queue: str
+    last_slot: datetime
+    next_slot: datetime | None
+
+
 class Queue:
     """The jobs table behind one connection (opened from a DSN, or yours).
 
@@ -403,6 +414,11 @@ class Queue:
         if not exact:
             rows.append(_finished_estimate(rows, self._run("stats_rows", {}).fetchone()))
         return rows
+
+    def schedules(self) -> list[ScheduleState]:
+        """Every periodic schedule some worker ticked, by name, with its last and next slot;
+        ``NotInstalled`` if the periodic tables are missing (``pgqueue init`` adds them)."""
+        return [ScheduleState(*row) for row in self._run("schedules", {}).fetchall()]
 
     def prune(
         self,

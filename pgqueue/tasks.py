@@ -7,7 +7,9 @@
 >>> send.enqueue(to="a@example.com")                  # a job {"task": "send", "kwargs": {...}}
 >>> send.configure(key="welcome-a", delay=60).enqueue(to="a@example.com")
 
-and ``pgqueue worker myapp:tasks`` (or ``Worker(tasks)``) runs every task's queue. A task
+and ``pgqueue worker myapp:tasks`` (or ``Worker(tasks)``) runs every task's queue.
+``@tasks.periodic(cron="*/5 * * * *")`` or ``@tasks.periodic(every=30)`` declares a task
+whose jobs are made on a schedule by the workers of its queue (see ``periodic.py``). A task
 function is called as ``fn(job, **kwargs)``: the job is there for ``job.fenced_write`` and
 ``job.raise_if_lost()``. Raise ``pgqueue.GiveUp`` to send the job dead at once, or
 ``pgqueue.RetryAfter(seconds)`` to retry it then (it counts as an attempt). A job naming
@@ -28,6 +30,7 @@ import psycopg
 from .errors import BadInput
 from .job import Job
 from .params import MAX_BACKOFF, MAX_LEASE, _queue_name, _seconds
+from .periodic import Schedule
 from .queue import Queue
 
 
@@ -93,6 +96,7 @@ class Tasks:
     def __init__(self, dsn: str | None = None) -> None:
         self.dsn = dsn
         self.tasks: dict[str, Task] = {}
+        self.schedules: dict[str, Schedule] = {}  # by name: the periodic ones
         self._queue: Queue | None = None
         self._lock = threading.Lock()
 
@@ -144,6 +148,63 @@ class Tasks:
             return task
 
         return register if fn is None else register(fn)
+
+    def periodic(
+        self,
+        *,
+        cron: str | None = None,
+        every: float | None = None,
+        name: str | None = None,
+        catch_up: str = "latest",
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        backoff: float | None = None,
+        priority: int | None = None,
+    ) -> Callable[[Callable[..., Any]], Task]:
+        """Register a function as a task whose jobs the workers of its queue make on a
+        schedule: ``cron`` (five fields, UTC) or ``every`` (seconds, >= 1), one job per
+        slot however many workers tick. ``name`` names the schedule and the task (default:
+        the function's name). ``catch_up`` after every worker was down: "latest" (one job
+        for the newest missed slot), "all" (each missed slot, the newest 100 at most) or
+        "none". The other options are the task's (``task``); over a task already
+        registered (stacked decorators: a task with several schedules) give none of them.
+        It is a task like any other: ``.enqueue()`` adds a job by hand."""
+        options = {"queue": queue, "max_attempts": max_attempts, "timeout": timeout}
+        options |= {"backoff": backoff, "priority": priority}
+
+        def register(fn: Callable[..., Any]) -> Task:
+            given = {k: v for k, v in options.items() if v is not None}
+            if isinstance(fn, Task) and (fn.registry is not self or given):
+                raise BadInput(
+                    f"@periodic over task {fn.name!r} takes no task options ({given}) and "
+                    "only a task of this registry: give the options to @tasks.task"
+                )
+            task = fn if isinstance(fn, Task) else self.task(fn, name=name, **given)
+            try:
+                schedule_name = name or task.name
+                if schedule_name in self.schedules:
+                    raise BadInput(
+                        f"two schedules are named {schedule_name!r}: give one another name="
+                    )
+                schedule = Schedule.of(
+                    schedule_name,
+                    task.name,
+                    task.queue,
+                    cron=cron,
+                    every=every,
+                    catch_up=catch_up,
+                    max_attempts=task.max_attempts,
+                    priority=task.priority,
+                )
+            except BadInput:
+                if task is not fn:  # a bad schedule leaves nothing registered
+                    del self.tasks[task.name]
+                raise
+            self.schedules[schedule.name] = schedule
+            return task
+
+        return register
 
     def __call__(self, job: Job) -> Any:
         """Run the task a job names (the Worker's handler)."""

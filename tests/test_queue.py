@@ -58,6 +58,11 @@ TESTED_QUERIES = {
     "prune",
     "prune_archive",
     "notify_off",
+    # periodic jobs, in tests/test_periodic.py
+    "schedule_clock",
+    "schedule_add",
+    "schedule_tick",
+    "schedules",
 }
 FENCED = {"heartbeat", "heartbeat_many", "complete", "complete_many", "fail", "release"}
 

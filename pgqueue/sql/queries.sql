@@ -394,3 +394,80 @@ SELECT (SELECT last FROM batch), (SELECT count(*) FROM archived);
 -- name: notify_off
 -- Stop the wake-up hints: enqueues skip the NOTIFY (and its commit-time lock); workers poll.
 DROP TRIGGER IF EXISTS jobs_notify_insert ON jobs;
+
+-- name: schedule_clock
+-- What a tick plans from (pgqueue/periodic.py): the server's clock and the last slot of each
+-- schedule named (one without a row is not returned); one row even when none has a row.
+SELECT clock.now, s.name, s.last_slot
+FROM (SELECT now() AS now) AS clock
+LEFT JOIN pgqueue_schedules AS s ON s.name = ANY(%(names)s::text[]);
+
+-- name: schedule_add
+-- A schedule seen for the first time starts at the newest of %(slots)s not after now(): no
+-- job for that one, its first job is for the next slot. The first worker to add it wins.
+INSERT INTO pgqueue_schedules (name, spec, queue, last_slot, next_slot)
+SELECT %(name)s, %(spec)s, %(queue)s,
+       max(c.slot) FILTER (WHERE c.slot <= now()), min(c.slot) FILTER (WHERE c.slot > now())
+FROM unnest(%(slots)s::timestamptz[]) AS c(slot)
+HAVING max(c.slot) FILTER (WHERE c.slot <= now()) IS NOT NULL
+ON CONFLICT (name) DO NOTHING;
+
+-- name: schedule_tick
+-- Make the jobs of one schedule's due slots, deciding on the database's clock:
+-- - due: the slots of %(slots)s after the schedule's last slot and not after now(), the last
+--   slot read under the row's lock (SKIP LOCKED: a worker ticking this schedule right now
+--   holds it, and this statement does nothing);
+-- - a due slot older than %(grace)s seconds was missed; %(catch_up)s says which missed slots
+--   still get a job: 'latest' the newest, 'all' the newest %(bound)s due ones, 'none' none;
+-- - each chosen slot takes its row in pgqueue_slots first: the primary key (schedule, slot)
+--   lets one job exist per slot, whatever a stale worker believes (ON CONFLICT DO NOTHING),
+--   and the job is added under the id its slot row names, in this same statement;
+-- - the last slot moves to the newest due one, and slot rows %(keep)s older are deleted.
+-- Returns how many jobs it made.
+WITH schedule AS (
+  SELECT last_slot FROM pgqueue_schedules WHERE name = %(name)s FOR UPDATE SKIP LOCKED
+), due AS (
+  SELECT c.slot,
+         c.slot >= now() - make_interval(secs => %(grace)s) AS on_time,
+         row_number() OVER (ORDER BY c.slot DESC) AS newest
+  FROM schedule, unnest(%(slots)s::timestamptz[]) AS c(slot)
+  WHERE c.slot > schedule.last_slot AND c.slot <= now()
+), chosen AS (
+  SELECT slot FROM due
+  WHERE on_time
+     OR (%(catch_up)s::text = 'all' AND newest <= %(bound)s)
+     OR (%(catch_up)s::text = 'latest' AND slot = (SELECT max(slot) FROM due WHERE NOT on_time))
+), taken AS (
+  INSERT INTO pgqueue_slots (schedule, slot, job_id)
+  SELECT %(name)s, slot, nextval('jobs_id_seq')
+  FROM (SELECT slot FROM chosen ORDER BY slot) AS oldest_first
+  ON CONFLICT (schedule, slot) DO NOTHING
+  RETURNING slot, job_id
+), made AS (
+  INSERT INTO jobs (id, queue, payload, max_attempts, priority)
+  SELECT job_id, %(queue)s,
+         jsonb_build_object('task', %(task)s::text, 'kwargs', '{}'::jsonb,
+                            'schedule', %(name)s::text, 'slot', slot),
+         %(max_attempts)s, %(priority)s
+  FROM taken
+  ORDER BY job_id
+  RETURNING id
+), moved AS (
+  UPDATE pgqueue_schedules
+  SET last_slot  = (SELECT max(slot) FROM due),
+      next_slot  = coalesce((SELECT min(c.slot) FROM unnest(%(slots)s::timestamptz[]) AS c(slot)
+                             WHERE c.slot > now()), next_slot),
+      spec       = %(spec)s,
+      queue      = %(queue)s,
+      updated_at = now()
+  WHERE name = %(name)s AND EXISTS (SELECT FROM due)
+), forgotten AS (
+  DELETE FROM pgqueue_slots
+  WHERE schedule = %(name)s AND slot < (SELECT max(slot) FROM due) - %(keep)s::interval
+)
+SELECT count(*) FROM made;
+
+-- name: schedules
+-- Every schedule: what it runs, its last slot and its next, as of the last tick that moved
+-- it (a next slot long past means no worker runs its queue).
+SELECT name, spec, queue, last_slot, next_slot FROM pgqueue_schedules ORDER BY name;

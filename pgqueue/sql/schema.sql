@@ -1,5 +1,6 @@
 -- pgqueue schema: the seed's jobs table, its four partial indexes, an archive for pruned
--- jobs, and a trigger that sends one wake-up hint per queue per statement.
+-- jobs, a trigger that sends one wake-up hint per queue per statement, and the two small
+-- tables of periodic jobs.
 --
 -- install() never runs this file whole. It reads the catalog first (`installed`,
 -- `installed_indexes`) and runs only the blocks for what is missing: on a new database
@@ -94,6 +95,30 @@ ALTER TABLE jobs_archive
   ADD COLUMN IF NOT EXISTS started_at  timestamptz,
   ADD COLUMN IF NOT EXISTS finished_at timestamptz;
 
+-- name: schedules_table
+-- Periodic jobs (pgqueue/periodic.py): one row per schedule, with the newest slot handled
+-- (a job made, or skipped as missed) and the next one, as of the last tick. Every worker
+-- ticks it; none leads. A new table: adding it takes no lock on jobs.
+CREATE TABLE IF NOT EXISTS pgqueue_schedules (
+  name       text        PRIMARY KEY,
+  spec       text        NOT NULL,  -- 'cron */5 * * * *' or 'every 30s', as last ticked
+  queue      text        NOT NULL,
+  last_slot  timestamptz NOT NULL,
+  next_slot  timestamptz,
+  updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: slots_table
+-- One row per slot a job was made for, naming the job: its primary key lets exactly one job
+-- exist per slot, however many workers tick and whatever a stale one believes. The tick
+-- deletes a schedule's rows a day older than its last slot.
+CREATE TABLE IF NOT EXISTS pgqueue_slots (
+  schedule text        NOT NULL,
+  slot     timestamptz NOT NULL,
+  job_id   bigint      NOT NULL,
+  PRIMARY KEY (schedule, slot)
+);
+
 -- name: notify_function
 -- LISTEN/NOTIFY is only a hint: workers poll anyway. Postgres folds identical
 -- notifications within one transaction, so a bulk enqueue sends one per queue.
@@ -126,7 +151,9 @@ SELECT to_regclass('jobs') IS NOT NULL AS jobs,
        to_regprocedure('jobs_notify()') IS NOT NULL AS notify_function,
        EXISTS (SELECT 1 FROM pg_trigger
                WHERE tgrelid = to_regclass('jobs') AND tgname = 'jobs_notify_insert')
-         AS notify_trigger;
+         AS notify_trigger,
+       to_regclass('pgqueue_schedules') IS NOT NULL AS schedules,
+       to_regclass('pgqueue_slots') IS NOT NULL AS slots;
 
 -- name: installed_indexes
 -- The indexes on jobs: name, whether usable, definition, whether a build is running now.
