@@ -56,6 +56,11 @@ TESTED_QUERIES = {
     "prune",
     "prune_archive",
     "notify_off",
+    # tests/test_limits.py
+    "claim_limited",
+    "set_limit",
+    "remove_limit",
+    "limits",
 }
 FENCED = {"heartbeat", "heartbeat_many", "complete", "complete_many", "fail", "release"}
 
