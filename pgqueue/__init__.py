@@ -25,12 +25,13 @@ from .errors import (
     NotInstalled,
     PgQueueError,
     RetryAfter,
+    SlotRace,
 )
 from .events import Event, EventLog
 from .fencing import async_fenced_write, fenced_write
 from .job import Job
 from .params import LeftDead, Retried
-from .queue import JobState, Queue, Reaped
+from .queue import JobState, Limit, Queue, Reaped
 from .server import EmbeddedServer, default_server
 from .tasks import Task, Tasks
 from .worker import Worker
@@ -59,12 +60,14 @@ __all__ = [
     "KeyRace",
     "LeaseLost",
     "LeftDead",
+    "Limit",
     "NotInstalled",
     "PgQueueError",
     "Queue",
     "Reaped",
     "Retried",
     "RetryAfter",
+    "SlotRace",
     "Task",
     "Tasks",
     "Worker",

@@ -25,7 +25,7 @@ from psycopg.pq import TransactionStatus
 from . import statements
 from .async_job import AsyncJob
 from .db import _connecting, pgbouncer_mode, resolve_dsn
-from .errors import KeyRace, PgQueueError
+from .errors import KeyRace, PgQueueError, SlotRace
 from .install import (
     DEFAULT_LOCK_TIMEOUT,
     Catalog,
@@ -42,11 +42,13 @@ from .install import (
 )
 from .params import (
     _KEY_TRIES,
+    _SLOT_TRIES,
     COPY_TYPES,
     Retried,
     _beat,
     _beat_many,
     _claim_args,
+    _ClaimRoute,
     _completed_many,
     _copy_rows,
     _ended,
@@ -61,6 +63,7 @@ from .params import (
     _key_race,
     _Keyed,
     _lease,
+    _limit_params,
     _prune_args,
     _Pruning,
     _reserved,
@@ -71,7 +74,7 @@ from .params import (
     pgqueue_error,
 )
 from .periodic import Schedule, tick_params
-from .queue import JobState, Reaped, ScheduleState
+from .queue import JobState, Limit, Reaped, ScheduleState
 
 AsyncCursor = psycopg.AsyncCursor[Any]
 # Planned afresh at each call, never prepared: the AsyncWorker completes whatever finished
@@ -120,6 +123,7 @@ class AsyncQueue:
         self._application_name = application_name
         self.pgbouncer = pgbouncer_mode(pgbouncer)
         self._prepare = not self.pgbouncer  # False: never, even on a connection of yours
+        self._route = _ClaimRoute()  # which claim statement each queue needs (a guess)
         self._conn = target if isinstance(target, psycopg.AsyncConnection) else None
 
     @property
@@ -231,11 +235,12 @@ class AsyncQueue:
         max_attempts: int = 5,
         priority: int = 0,
         key: str | None = None,
+        group: str | None = None,
         conn: psycopg.AsyncConnection | None = None,
     ) -> int:
         """``Queue.enqueue``: add one job and return its id (inside ``conn``'s transaction
         if given); a live job holding ``key`` is returned instead of adding one."""
-        params = _enqueue_params(payload, queue, delay, run_at, max_attempts, priority, key)
+        params = _enqueue_params(payload, queue, delay, run_at, max_attempts, priority, key, group)
         for _ in range(_KEY_TRIES):
             row = await self._one("enqueue", params, conn)
             if row is not None:
@@ -252,10 +257,13 @@ class AsyncQueue:
         max_attempts: int = 5,
         priority: int = 0,
         keys: Sequence[str | None] | None = None,
+        group: str | None = None,
         conn: psycopg.AsyncConnection | None = None,
     ) -> list[int]:
         """``Queue.enqueue_many``: many jobs in one write, all or none; their ids in order."""
-        params = _enqueue_many_params(payloads, queue, delay, run_at, max_attempts, priority, keys)
+        params = _enqueue_many_params(
+            payloads, queue, delay, run_at, max_attempts, priority, keys, group
+        )
         how = _enqueue_many_route(params)
         if how == "none":
             return []
@@ -291,11 +299,24 @@ class AsyncQueue:
         for name in names:
             params = {"queue": name, "limit": limit - len(jobs), "lease": lease}
             deadline = time.monotonic() + lease  # counted from before the claim was sent
-            rows = await self._all("claim", params)
+            rows = await self._claim_rows(name, params)
             jobs += [AsyncJob(*row, conn=self.conn, deadline=deadline) for row in rows]
             if len(jobs) == limit:
                 break
         return jobs
+
+    async def _claim_rows(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """``Queue._claim_rows``: the statement the queue needs, again after a slot race."""
+        for _ in range(_SLOT_TRIES):
+            try:
+                rows = await self._all(self._route.statement(name), params)
+            except SlotRace:
+                if self.conn.info.transaction_status != TransactionStatus.IDLE:
+                    raise  # inside a transaction of yours, which is now aborted
+                continue
+            if not self._route.wrong(name, rows):
+                return rows
+        return []
 
     async def heartbeat(self, job: AsyncJob, *, lease: float = 30.0) -> bool:
         """Extend the job's lease; False (and ``job.lost``) if someone else holds it now."""
@@ -348,6 +369,17 @@ class AsyncQueue:
     async def cancel(self, job_id: int) -> bool:
         """``Queue.cancel``: cancel a ready or running job (a running one is fenced out)."""
         return await self._one("cancel", {"id": _job_id(job_id)}) is not None
+
+    # -- per-group limits ------------------------------------------------------------
+    async def limit(self, queue: str, *, per_group: int | None) -> None:
+        """``Queue.limit``: at most ``per_group`` running jobs of one group of ``queue``, on
+        every worker (None removes the limit)."""
+        params = _limit_params(queue, per_group)
+        await self._run("set_limit" if per_group is not None else "remove_limit", params)
+
+    async def limits(self) -> list[Limit]:
+        """``Queue.limits``: every queue's per-group limit, with its jobs running under it."""
+        return [Limit(*row) for row in await self._all("limits", {})]
 
     # -- housekeeping ----------------------------------------------------------------
     async def reap(self) -> list[Reaped]:

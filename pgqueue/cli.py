@@ -107,6 +107,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-attempts", type=int, default=5, help="attempts before it goes dead")
     p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
     p.add_argument("--key", help="unique key: while a live job of the queue holds it, add nothing")
+    p.add_argument(
+        "--group", help="the jobs' group (a tenant, say): see `pgqueue limit` (default: none)"
+    )
+
+    p = command(
+        "limit",
+        cmd_limit,
+        "show or set a queue's per-group limit: at most N running jobs of one group at once, "
+        "on every worker",
+    )
+    p.add_argument("queue", nargs="?", help="queue name (omit to list every limit)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--per-group", type=int, metavar="N", help="at most N running per group")
+    how.add_argument("--remove", action="store_true", help="remove the queue's limit")
 
     p = command("worker", cmd_worker, "run a worker: MODULE:FUNCTION is called with each job")
     p.add_argument(
@@ -249,11 +263,34 @@ def cmd_enqueue(args: argparse.Namespace) -> None:
             max_attempts=args.max_attempts,
             priority=args.priority,
             keys=None if args.key is None else [args.key],
+            group=args.group,
         )
     print(
         f"enqueued {len(ids)} job(s) on {args.queue!r}"
         + (f": id {ids[0]}" if len(ids) == 1 else "")
     )
+
+
+def cmd_limit(args: argparse.Namespace) -> None:
+    if args.queue is None and (args.per_group is not None or args.remove):
+        raise UsageError("name the queue: pgqueue limit QUEUE --per-group N (or --remove)")
+    with _queue(args) as q:
+        if args.per_group is not None or args.remove:
+            q.limit(args.queue, per_group=None if args.remove else args.per_group)
+        limits = q.limits()
+    if args.remove:
+        print(f"{args.queue!r}: no limit")
+        return
+    shown = [lim for lim in limits if args.queue in (None, lim.queue)]
+    if args.queue is not None and not shown:
+        print(f"{args.queue!r}: no limit")
+    elif not shown:
+        print("no queue has a per-group limit")
+    for lim in shown:
+        print(
+            f"{lim.queue!r}: at most {lim.per_group} running per group "
+            f"({lim.running} running under it now)"
+        )
 
 
 def _parse_json(text: str, where: str) -> dict[str, Any]:

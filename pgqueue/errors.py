@@ -35,6 +35,12 @@ class KeyRace(PgQueueError):
     the unique index stopped it (nothing was written); running it again settles it."""
 
 
+class SlotRace(PgQueueError):
+    """A claim under a per-group limit chose a slot that a claim committed while it ran
+    had taken, so the unique index stopped it (nothing was claimed). ``Queue.claim`` claims
+    again by itself; inside your own transaction (now aborted) it raises this."""
+
+
 class LeaseLost(PgQueueError):
     """This worker no longer holds the job: its fence is stale. Stop and discard the work."""
 

@@ -3,11 +3,11 @@
 is missing (``sql/schema.sql``), and the one-line error for a lock it could not get.
 
 Two kinds of step. Brief ones (create the table, add columns, add the status check
-``NOT VALID``, the NOTIFY trigger; the periodic tables, which lock nothing in use) run
-together in one transaction under a lock timeout: each of the others needs a strong lock
-on ``jobs`` for a moment, and none may queue the fleet behind a long transaction. Slow
-ones (validate the check, build an index) run one statement at a time outside any
-transaction with locks that let claims and completions go on: an index is built
+``NOT VALID``, the NOTIFY trigger; the limits and periodic tables, which lock nothing in
+use) run together in one transaction under a lock timeout: each of the others needs a
+strong lock on ``jobs`` for a moment, and none may queue the fleet behind a long
+transaction. Slow ones (validate the check, build an index) run one statement at a time
+outside any transaction with locks that let claims and completions go on: an index is built
 ``CONCURRENTLY``, the check is validated under SHARE UPDATE EXCLUSIVE.
 """
 
@@ -29,7 +29,7 @@ from .errors import BadInput, InstallBlocked, PgQueueError
 
 DEFAULT_LOCK_TIMEOUT = 5.0  # seconds a DDL statement of install() may wait for a lock
 MAX_LOCK_TIMEOUT = 3600.0
-INDEXES = ("jobs_ready_idx", "jobs_lease_idx", "jobs_dead_idx", "jobs_key_idx")
+INDEXES = ("jobs_ready_idx", "jobs_lease_idx", "jobs_dead_idx", "jobs_key_idx", "jobs_slot_idx")
 ASIDE = "{}_old"  # where an index of an older definition waits while its successor is built
 
 
@@ -51,6 +51,7 @@ class Catalog:
     jobs_columns: frozenset[str]
     archive_columns: frozenset[str]
     status_check_valid: bool | None  # None: no status check
+    limits: bool  # pgqueue_limits exists
     notify_function: bool
     notify_trigger: bool
     schedules: bool  # the periodic tables
@@ -110,13 +111,15 @@ def _current(index: Index) -> bool:
 
 def catalog(found: Sequence[Any], indexes: Iterable[Sequence[Any]]) -> Catalog:
     """The replies of ``installed`` and ``installed_indexes`` as one ``Catalog``."""
-    jobs, archive, jobs_columns, archive_columns, check, function, trigger, schedules, slots = found
+    jobs, archive, jobs_columns, archive_columns, check, limits, function, trigger, *rest = found
+    schedules, slots = rest
     return Catalog(
         jobs=jobs,
         archive=archive,
         jobs_columns=frozenset(jobs_columns),
         archive_columns=frozenset(archive_columns),
         status_check_valid=check,
+        limits=limits,
         notify_function=function,
         notify_trigger=trigger,
         schedules=schedules,
@@ -143,6 +146,7 @@ def brief_steps(found: Catalog, notify: bool | None) -> list[Step]:
             for name in INDEXES
         ]
         steps.append(_step("created jobs_archive", "archive_table"))
+        steps.append(_step("created pgqueue_limits", "limits_table"))
         if notify is not False:
             steps.append(_step("created the NOTIFY function", "notify_function"))
             steps.append(_step("created the NOTIFY trigger", "notify_trigger"))
@@ -157,6 +161,8 @@ def brief_steps(found: Catalog, notify: bool | None) -> list[Step]:
         steps.append(_step("created jobs_archive", "archive_table"))
     elif not added_columns() <= found.archive_columns:
         steps.append(_step("added columns to jobs_archive", "archive_columns"))
+    if not found.limits:  # a new table, no lock on jobs
+        steps.append(_step("created pgqueue_limits", "limits_table"))
     if notify and not found.notify_trigger:
         if not found.notify_function:
             steps.append(_step("created the NOTIFY function", "notify_function"))

@@ -14,15 +14,17 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from .db import first_line
-from .errors import MAX_RETRY_DELAY, BadInput, KeyRace, NotInstalled, PgQueueError
+from .errors import MAX_RETRY_DELAY, BadInput, KeyRace, NotInstalled, PgQueueError, SlotRace
 from .job import Job
 
 MAX_LEASE = 7 * 24 * 3600.0  # seconds; longer leases are a mistake, not a choice
 MAX_BACKOFF = MAX_RETRY_DELAY  # seconds; the retry delay stops doubling here (sql/queries.sql)
 MAX_ATTEMPTS = 1_000_000  # keeps attempts and max_attempts far inside the int column
 MAX_PRIORITY = 1_000_000  # priorities are small whole numbers, from -MAX to +MAX
+MAX_PER_GROUP = 1_000_000  # a per-group limit: a whole number of running jobs, 1 to this
 MAX_AGE = 100 * 365 * 86400.0  # seconds; prune's older_than beyond this overflows timestamps
 _KEY_TRIES = 5  # enqueues of one key racing each other settle within a try or two
+_SLOT_TRIES = 5  # claims racing for a group's slot: each new try sees the slots taken
 COPY_FROM = 2_000  # payloads; enqueue_many uses COPY from this many on (INSERT is as fast below)
 # One encoder for every payload: json.dumps with options builds a new one per call.
 _JSON = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
@@ -66,6 +68,34 @@ def _key(key: object) -> str | None:
     if not _is_utf8(key):
         raise BadInput(f"key is not valid UTF-8 text (lone surrogates): {key!r}")
     return key
+
+
+def _group(group: object) -> str | None:
+    """A job's group (``group_key``), limited together by its queue's per-group limit."""
+    if group is None:
+        return None
+    if not isinstance(group, str) or not group or len(group) > 1000 or "\x00" in group:
+        raise BadInput(
+            f"group must be a non-empty text of at most 1000 characters (or None), got {group!r}"
+        )
+    if not _is_utf8(group):
+        raise BadInput(f"group is not valid UTF-8 text (lone surrogates): {group!r}")
+    return group
+
+
+def _limit_params(queue: object, per_group: object) -> dict[str, Any]:
+    """``Queue.limit``'s parameters: a queue, and a whole number of running jobs >= 1 (or
+    None: no limit)."""
+    if per_group is not None and (
+        isinstance(per_group, bool)
+        or not isinstance(per_group, int)
+        or not 1 <= per_group <= MAX_PER_GROUP
+    ):
+        raise BadInput(
+            f"per_group must be a whole number of running jobs from 1 to {MAX_PER_GROUP} "
+            f"(None removes the limit), got {per_group!r}"
+        )
+    return {"queue": _queue_name(queue), "per_group": per_group}
 
 
 def _queue_name(queue: object) -> str:
@@ -161,7 +191,8 @@ def _held(jobs: Sequence[Job]) -> dict[str, list[int]]:
 
 # -- what each statement is sent and what its reply means: Queue and AsyncQueue share
 # these, so the two differ only in how they wait for the server -----------------------
-COPY_TYPES = ["bigint", "text", "jsonb", "timestamptz", "integer", "integer"]  # enqueue_copy
+# enqueue_copy's columns: id, queue, payload, run_at, max_attempts, priority, group_key
+COPY_TYPES = ["bigint", "text", "jsonb", "timestamptz", "integer", "integer", "text"]
 
 
 RETRY_DEAD = ("retry_dead", "retry_dead_ids")
@@ -172,6 +203,12 @@ def pgqueue_error(exc: psycopg.Error, name: str | None = None) -> PgQueueError |
     """The one-line pgqueue error a driver error of statement ``name`` stands for, or None
     to let it through."""
     if isinstance(exc, psycopg.errors.UniqueViolation):
+        if exc.diag.constraint_name == "jobs_slot_idx":
+            # claim_limited: a slot taken by a claim that committed after this one began.
+            return SlotRace(
+                "a claim under a per-group limit met a slot another claim took meanwhile; "
+                "nothing was claimed: claim again"
+            )
         if exc.diag.constraint_name != "jobs_key_idx":
             return None
         if name in RETRY_DEAD:
@@ -201,6 +238,16 @@ def pgqueue_error(exc: psycopg.Error, name: str | None = None) -> PgQueueError |
         return NotInstalled(
             "the jobs table does not exist in this database: "
             "run `pgqueue init` (or Queue.install()) first"
+            if "pgqueue_limits" not in str(exc)
+            else "pgqueue_limits does not exist: this table is of an older pgqueue; "
+            "run `pgqueue init` (or Queue.install()) to upgrade it"
+        )
+    if isinstance(exc, psycopg.errors.UndefinedColumn) and any(
+        f'column "{name}"' in str(exc) for name in ("group_key", "slot")
+    ):
+        return NotInstalled(
+            "the jobs table is of an older pgqueue (no group_key): "
+            "run `pgqueue init` (or Queue.install()) to upgrade it"
         )
     return None
 
@@ -213,10 +260,12 @@ def _enqueue_params(
     max_attempts: object,
     priority: object,
     key: object,
+    group: object = None,
 ) -> dict[str, Any]:
     params = _job_params(queue, delay, run_at, max_attempts, priority)
     params["payload"] = _jsonb(payload)
     params["key"] = _key(key)
+    params["group_key"] = _group(group)
     return params
 
 
@@ -232,8 +281,10 @@ def _enqueue_many_params(
     max_attempts: object,
     priority: object,
     keys: Sequence[object] | None,
+    group: object = None,
 ) -> dict[str, Any]:
     params = _job_params(queue, delay, run_at, max_attempts, priority)
+    params["group_key"] = _group(group)
     params["payloads"] = [_jsonb(p, index=i) for i, p in enumerate(payloads)]
     if keys is not None:
         if len(keys) != len(params["payloads"]):
@@ -264,7 +315,7 @@ def _copy_rows(
     params: dict[str, Any], ids: list[int], run_at: datetime
 ) -> Iterable[tuple[Any, ...]]:
     """The rows ``enqueue_copy`` writes, in ``COPY_TYPES`` order."""
-    tail = (run_at, params["max_attempts"], params["priority"])
+    tail = (run_at, params["max_attempts"], params["priority"], params["group_key"])
     for job_id, payload in zip(ids, params["payloads"], strict=True):
         yield (job_id, params["queue"], payload, *tail)
 
@@ -310,6 +361,29 @@ def _claim_args(queue: object, limit: object, lease: object) -> tuple[list[str],
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
         raise BadInput(f"limit must be a whole number from 1 to 10000, got {limit!r}")
     return queue_names(queue), limit, _lease(lease)
+
+
+CLAIMS = ("claim", "claim_limited")  # without, with a per-group limit (sql/queries.sql)
+
+
+class _ClaimRoute:
+    """Which claim statement each queue needs: ``claim``, or ``claim_limited`` for a queue
+    with a per-group limit. Only a guess, kept by one Queue: each statement refuses a queue
+    it does not fit with a row of NULLs (``wrong``), and the guess flips. So a limit set or
+    removed elsewhere costs one round trip, and the database alone decides what may run."""
+
+    def __init__(self) -> None:
+        self.limited: set[str] = set()
+
+    def statement(self, queue: str) -> str:
+        return CLAIMS[queue in self.limited]
+
+    def wrong(self, queue: str, rows: list[tuple[Any, ...]]) -> bool:
+        """Whether ``rows`` is the refusal (the guess flips), not claimed jobs."""
+        if not rows or rows[-1][0] is not None:
+            return False
+        self.limited ^= {queue}
+        return True
 
 
 def _beat(job: Job, row: tuple[Any, ...] | None, deadline: float) -> bool:

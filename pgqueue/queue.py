@@ -17,7 +17,7 @@ from psycopg.pq import TransactionStatus
 
 from . import statements
 from .db import connect, pgbouncer_mode
-from .errors import KeyRace
+from .errors import KeyRace, SlotRace
 from .install import (
     DEFAULT_LOCK_TIMEOUT,
     Catalog,
@@ -35,11 +35,13 @@ from .install import (
 from .job import Job
 from .params import (
     _KEY_TRIES,
+    _SLOT_TRIES,
     COPY_TYPES,
     Retried,
     _beat,
     _beat_many,
     _claim_args,
+    _ClaimRoute,
     _completed_many,
     _copy_rows,
     _ended,
@@ -54,6 +56,7 @@ from .params import (
     _key_race,
     _Keyed,
     _lease,
+    _limit_params,
     _prepare_many,
     _prune_args,
     _Pruning,
@@ -74,6 +77,15 @@ class Reaped(NamedTuple):
     fence: int
 
 
+class Limit(NamedTuple):
+    """A queue's per-group limit (``Queue.limits``): at most ``per_group`` running jobs of
+    one group; ``running``: its jobs running under the limit now, all groups together."""
+
+    queue: str
+    per_group: int
+    running: int
+
+
 class JobState(NamedTuple):
     """One job as the table holds it now (``Queue.get``)."""
 
@@ -91,6 +103,7 @@ class JobState(NamedTuple):
     started_at: datetime | None
     finished_at: datetime | None
     last_error: str | None
+    group_key: str | None  # enqueue's group: limited together by the queue's per-group limit
 
 
 class ScheduleState(NamedTuple):
@@ -123,6 +136,7 @@ class Queue:
         # nothing is prepared on the server; otherwise every statement is, once.
         self.pgbouncer = pgbouncer_mode(pgbouncer)
         self._prepare = not self.pgbouncer  # False: never, even on a connection of yours
+        self._route = _ClaimRoute()  # which claim statement each queue needs (a guess)
         self.conn: psycopg.Connection = (
             target
             if isinstance(target, psycopg.Connection)
@@ -230,13 +244,16 @@ class Queue:
         max_attempts: int = 5,
         priority: int = 0,
         key: str | None = None,
+        group: str | None = None,
         conn: psycopg.Connection | None = None,
     ) -> int:
         """Add one job and return its id (inside ``conn``'s transaction if given). Higher
         ``priority`` runs first; among equals, the oldest ``run_at``, then the first in.
         With a ``key`` that a ready or running job of the queue holds, nothing is added and
-        that job's id is returned; once it is done, dead or cancelled the key is free."""
-        params = _enqueue_params(payload, queue, delay, run_at, max_attempts, priority, key)
+        that job's id is returned; once it is done, dead or cancelled the key is free. Jobs
+        of one ``group`` (a tenant, say) run at most ``per_group`` at a time when their
+        queue has a limit (``Queue.limit``); without a limit a group changes nothing."""
+        params = _enqueue_params(payload, queue, delay, run_at, max_attempts, priority, key, group)
         for _ in range(_KEY_TRIES):
             row = self._run("enqueue", params, conn).fetchone()
             if row is not None:
@@ -255,13 +272,17 @@ class Queue:
         max_attempts: int = 5,
         priority: int = 0,
         keys: Sequence[str | None] | None = None,
+        group: str | None = None,
         conn: psycopg.Connection | None = None,
     ) -> list[int]:
         """Add many jobs in one write (an INSERT, or a COPY from ``COPY_FROM`` jobs on), all or
         none; return their ids in order (the order they will be claimed in, among equals).
         With ``keys`` (one per payload, None for none), a key already held by a live job of
-        the queue adds nothing and gives that job's id; inside the batch the first one wins."""
-        params = _enqueue_many_params(payloads, queue, delay, run_at, max_attempts, priority, keys)
+        the queue adds nothing and gives that job's id; inside the batch the first one wins.
+        Every job of the batch is in ``group`` (see ``enqueue``)."""
+        params = _enqueue_many_params(
+            payloads, queue, delay, run_at, max_attempts, priority, keys, group
+        )
         how = _enqueue_many_route(params)
         if how == "none":
             return []
@@ -300,7 +321,9 @@ class Queue:
     ) -> list[Job]:
         """Claim up to ``limit`` runnable jobs for ``lease`` seconds (fence and attempts + 1).
         Given several queues, they are a preference: the first one's jobs are taken first,
-        and the next queue fills what is left of ``limit`` (one statement per queue asked)."""
+        and the next queue fills what is left of ``limit`` (one statement per queue asked).
+        In a queue with a per-group limit, a group running its ``per_group`` jobs is passed
+        over for the next job of another group."""
         names, limit, lease = _claim_args(queue, limit, lease)
         jobs: list[Job] = []
         for name in names:
@@ -308,11 +331,26 @@ class Queue:
             # The job's local deadline counts from before the claim was sent: the server's
             # lease starts later than that, so this holder gives up first.
             deadline = time.monotonic() + lease
-            rows = self._run("claim", params).fetchall()
+            rows = self._claim_rows(name, params)
             jobs += [Job(*row, conn=self.conn, deadline=deadline) for row in rows]
             if len(jobs) == limit:
                 break
         return jobs
+
+    def _claim_rows(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """One queue's claim: the statement it needs (the route's guess, flipped when the
+        statement refuses the queue), again after a slot race; nothing after ``_SLOT_TRIES``
+        races (a claim soon after sees the slots taken)."""
+        for _ in range(_SLOT_TRIES):
+            try:
+                rows = self._run(self._route.statement(name), params).fetchall()
+            except SlotRace:
+                if self.conn.info.transaction_status != TransactionStatus.IDLE:
+                    raise  # inside a transaction of yours, which is now aborted
+                continue
+            if not self._route.wrong(name, rows):
+                return rows
+        return []
 
     def heartbeat(self, job: Job, *, lease: float = 30.0) -> bool:
         """Extend the job's lease; False (and ``job.lost``) if someone else holds it now."""
@@ -370,6 +408,18 @@ class Queue:
         one's fence rises, so its holder's heartbeat, completion and fenced writes are
         refused and its handler sees ``job.lost``. Done, dead or cancelled jobs: False."""
         return self._run("cancel", {"id": _job_id(job_id)}).fetchone() is not None
+
+    # -- per-group limits ------------------------------------------------------------
+    def limit(self, queue: str, *, per_group: int | None) -> None:
+        """Let at most ``per_group`` jobs of one group (``enqueue(group=...)``) of ``queue``
+        run at once, on every worker, from their next claim on; ``per_group=None`` removes
+        the limit. Jobs without a group are not limited. Stored in ``pgqueue_limits``."""
+        params = _limit_params(queue, per_group)
+        self._run("set_limit" if per_group is not None else "remove_limit", params)
+
+    def limits(self) -> list[Limit]:
+        """Every queue's per-group limit, with how many of its jobs run under it now."""
+        return [Limit(*row) for row in self._run("limits", {}).fetchall()]
 
     # -- housekeeping ----------------------------------------------------------------
     def reap(self) -> list[Reaped]:

@@ -6,6 +6,7 @@
 ...     ...
 >>> send.enqueue(to="a@example.com")                  # a job {"task": "send", "kwargs": {...}}
 >>> send.configure(key="welcome-a", delay=60).enqueue(to="a@example.com")
+>>> send.configure(group="tenant-42").enqueue(to="b@example.com")  # see Queue.limit
 
 and ``pgqueue worker myapp:tasks`` (or ``Worker(tasks)``) runs every task's queue.
 ``@tasks.periodic(cron="*/5 * * * *")`` or ``@tasks.periodic(every=30)`` declares a task
@@ -29,7 +30,7 @@ import psycopg
 
 from .errors import BadInput
 from .job import Job
-from .params import MAX_BACKOFF, MAX_LEASE, _queue_name, _seconds
+from .params import MAX_BACKOFF, MAX_LEASE, _group, _queue_name, _seconds
 from .periodic import Schedule
 from .queue import Queue
 
@@ -41,6 +42,7 @@ class _Options:
     run_at: datetime | None = None
     priority: int | None = None
     conn: psycopg.Connection | None = None
+    group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class Task:
     priority: int
     registry: Tasks = field(repr=False, compare=False)
     options: _Options = field(default_factory=_Options, repr=False, compare=False)
+    group: str | None = None  # its jobs' group, unless configure() gives another
 
     def __call__(self, job: Job, **kwargs: Any) -> Any:
         """Run the task's function directly (as a worker does)."""
@@ -69,10 +72,13 @@ class Task:
         run_at: datetime | None = None,
         priority: int | None = None,
         conn: psycopg.Connection | None = None,
+        group: str | None = None,
     ) -> Task:
         """This task with enqueue options: a unique ``key``, a ``delay`` or ``run_at``, a
-        ``priority``, or your own transaction's ``conn``."""
-        return replace(self, options=_Options(key, delay, run_at, priority, conn))
+        ``priority``, your own transaction's ``conn``, or a ``group`` (in place of the
+        task's own) whose jobs run at most the queue's per-group limit at once."""
+        options = _Options(key, delay, run_at, priority, conn, _group(group))
+        return replace(self, options=options)
 
     def enqueue(self, **kwargs: Any) -> int:
         """Enqueue one job of this task with these keyword arguments (JSON values); its id."""
@@ -87,6 +93,7 @@ class Task:
             key=o.key,
             delay=o.delay,
             run_at=o.run_at,
+            group=self.group if o.group is None else o.group,
         )
 
 
@@ -123,9 +130,11 @@ class Tasks:
         timeout: float | None = None,
         backoff: float | None = None,
         priority: int = 0,
+        group: str | None = None,
     ) -> Any:
         """Register ``fn`` as a task (a decorator, with or without options). ``timeout`` and
-        ``backoff`` (seconds; retry after ``backoff * 2**attempts``) override the worker's."""
+        ``backoff`` (seconds; retry after ``backoff * 2**attempts``) override the worker's;
+        its jobs are in ``group`` (limited by ``Queue.limit``) unless ``configure`` says."""
 
         def register(fn: Callable[..., Any]) -> Task:
             task_name = name or getattr(fn, "__name__", "")
@@ -142,7 +151,15 @@ class Tasks:
             if backoff is not None:
                 _seconds("backoff", backoff, upper=MAX_BACKOFF)
             task = Task(
-                task_name, fn, _queue_name(queue), max_attempts, timeout, backoff, priority, self
+                task_name,
+                fn,
+                _queue_name(queue),
+                max_attempts,
+                timeout,
+                backoff,
+                priority,
+                self,
+                group=_group(group),
             )
             self.tasks[task_name] = task
             return task

@@ -12,6 +12,10 @@ They take their instructions from the payload, so one handler serves many tests:
 fenced write (``Job.fenced_write`` stores the job id beside the fence), and
 ``report_log (job_id bigint, fence bigint, pid int, accepted bool)`` with what happened,
 so a test can see a rejected late write that left no other trace.
+
+``tracked`` (tests/test_limits.py) logs each run of a job to ``runs`` (``RUNS_TABLE``):
+which job, its ``group`` (from the payload), the worker's pid, and when it began and
+ended by the database's clock, so overlapping runs of one group can be counted exactly.
 """
 
 from __future__ import annotations
@@ -25,6 +29,12 @@ from pgqueue import Job
 SIDE_TABLES = """
 CREATE TABLE reports (id int PRIMARY KEY, body text, job_id bigint, fence bigint NOT NULL);
 CREATE TABLE report_log (job_id bigint, fence bigint, pid int, accepted bool);
+"""
+
+
+# The table ``tracked`` writes to; tests/test_limits.py creates it before starting workers.
+RUNS_TABLE = """
+CREATE TABLE runs (job_id bigint, grp text, pid int, began timestamptz, ended timestamptz);
 """
 
 
@@ -55,6 +65,21 @@ def report(job: Job) -> None:
     job.conn.execute(
         "INSERT INTO report_log (job_id, fence, pid, accepted) VALUES (%s, %s, %s, %s)",
         (job.id, job.fence, os.getpid(), accepted),
+    )
+
+
+def tracked(job: Job) -> None:
+    """Log the run's start to ``runs``, work as the payload says, then log its end."""
+    assert job.conn is not None
+    run = (job.id, job.payload.get("group"), os.getpid())
+    job.conn.execute(
+        "INSERT INTO runs (job_id, grp, pid, began) VALUES (%s, %s, %s, clock_timestamp())", run
+    )
+    time.sleep(_seconds(job))
+    job.conn.execute(
+        "UPDATE runs SET ended = clock_timestamp() "
+        "WHERE job_id = %s AND grp IS NOT DISTINCT FROM %s AND pid = %s AND ended IS NULL",
+        run,
     )
 
 

@@ -293,3 +293,14 @@ def test_a_run_without_out_leaves_data_alone_and_says_where_it_wrote(
     runs = list((tmp_path / "cache" / "pgqueue" / "bench").iterdir())
     assert len(runs) == 1 and (runs[0] / "machine.json").is_file()
     assert f"wrote {runs[0].resolve()}" in capsys.readouterr().out
+
+
+def test_limits_drains_every_case_and_compares_it_with_no_groups(small: Bench) -> None:
+    cases = [
+        bench.LimitCase("no groups", 0, None, concurrency=2, batch=5),
+        bench.LimitCase("limit", 3, 1, concurrency=2, batch=5),
+    ]
+    rows = bench.bench_limits(small, n_jobs=120, cases=cases, repeats=1)
+    assert [r["case"] for r in rows] == ["no groups", "limit"]  # each checks 120 jobs done
+    assert rows[0]["ratio_to_no_groups"] == 1.0 and rows[1]["ratio_to_no_groups"] > 0
+    assert all(r["jobs_per_s_median"] > 0 and r["client_cpu_us_per_job"] > 0 for r in rows)

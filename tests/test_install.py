@@ -58,7 +58,7 @@ OLD_READY_INDEX = """
 DROP INDEX jobs_ready_idx;
 CREATE INDEX jobs_ready_idx ON jobs (queue, run_at) WHERE status = 'ready';
 """
-INDEXES = {"jobs_ready_idx", "jobs_lease_idx", "jobs_dead_idx", "jobs_key_idx"}
+INDEXES = {"jobs_ready_idx", "jobs_lease_idx", "jobs_dead_idx", "jobs_key_idx", "jobs_slot_idx"}
 
 
 def with_lock_timeout(dsn: str, seconds: int = 3) -> str:
@@ -219,7 +219,7 @@ def test_an_upgrade_of_a_first_release_table_with_rows(empty_dsn: str) -> None:
         assert conn.execute("SHOW lock_timeout").fetchone() == ("17s",)
     assert done.notify  # the first release's trigger stays
     assert done.changed[:3] == [
-        "added columns to jobs (finished_at, key, priority, started_at)",
+        "added columns to jobs (finished_at, group_key, key, priority, slot, started_at)",
         "added the status check (NOT VALID)",
         "added columns to jobs_archive",
     ]

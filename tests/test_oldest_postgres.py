@@ -197,6 +197,24 @@ def test_enqueue_claim_heartbeat_complete_fail_reap_stats(dsn: str) -> None:
         assert done == (1,)
 
 
+def test_a_per_group_limit_claims_by_slot(dsn: str) -> None:
+    """claim_limited's SQL on 15: slots under the partial unique index, a full group passed
+    over, a slot freed by completion."""
+    with Queue(dsn) as q:
+        a = q.enqueue_many([{"a": i} for i in range(3)], queue="q", group="a", priority=1)
+        b = q.enqueue({"b": 0}, queue="q", group="b")
+        q.limit("q", per_group=2)
+        held = q.claim("q", limit=10)
+        assert [j.id for j in held] == [a[0], a[1], b]
+        assert q.claim("q") == []
+        assert q.complete(held[0])
+        assert [j.id for j in q.claim("q")] == [a[2]]
+        slots = q.conn.execute(
+            "SELECT group_key, slot FROM jobs WHERE status = 'running' ORDER BY 1, 2"
+        ).fetchall()
+        assert slots == [("a", 1), ("a", 2), ("b", 1)]
+
+
 def test_enqueue_many_takes_the_copy_path(dsn: str) -> None:
     with Queue(dsn) as q:
         ids = q.enqueue_many([{"i": i} for i in range(2500)], queue="bulk")

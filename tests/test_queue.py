@@ -63,6 +63,11 @@ TESTED_QUERIES = {
     "schedule_add",
     "schedule_tick",
     "schedules",
+    # tests/test_limits.py
+    "claim_limited",
+    "set_limit",
+    "remove_limit",
+    "limits",
 }
 FENCED = {"heartbeat", "heartbeat_many", "complete", "complete_many", "fail", "release"}
 

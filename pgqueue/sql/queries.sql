@@ -8,16 +8,17 @@
 SELECT 1 FROM jobs LIMIT 0;
 
 -- name: enqueue
--- Add one job, runnable at %(run_at)s or %(delay)s seconds from now; NOTIFY fires at commit.
+-- Add one job, runnable at %(run_at)s or %(delay)s seconds from now, in group %(group_key)s
+-- (NULL: none); NOTIFY fires at commit.
 -- With a %(key)s that a ready or running job of the queue holds, add nothing and return
 -- that job's id (added = false). The unique index decides, so racing enqueues cannot both
 -- add; a row that the index saw but this statement's snapshot cannot (committed by a
 -- racing enqueue a moment ago) returns no row at all: the caller asks again.
 WITH added AS (
-  INSERT INTO jobs (queue, payload, run_at, max_attempts, priority, key)
+  INSERT INTO jobs (queue, payload, run_at, max_attempts, priority, key, group_key)
   VALUES (%(queue)s, %(payload)s,
           coalesce(%(run_at)s, now() + make_interval(secs => %(delay)s)), %(max_attempts)s,
-          %(priority)s, %(key)s)
+          %(priority)s, %(key)s, %(group_key)s)
   ON CONFLICT (queue, key) WHERE key IS NOT NULL AND status IN ('ready', 'running')
   DO NOTHING
   RETURNING id
@@ -30,9 +31,9 @@ WHERE %(key)s::text IS NOT NULL AND NOT EXISTS (SELECT FROM added)
 
 -- name: enqueue_many
 -- Add many jobs in one statement (one notification per queue, not per job).
-INSERT INTO jobs (queue, payload, run_at, max_attempts, priority)
+INSERT INTO jobs (queue, payload, run_at, max_attempts, priority, group_key)
 SELECT %(queue)s, p, coalesce(%(run_at)s, now() + make_interval(secs => %(delay)s)),
-       %(max_attempts)s, %(priority)s
+       %(max_attempts)s, %(priority)s, %(group_key)s
 FROM unnest(%(payloads)b::jsonb[]) WITH ORDINALITY AS t(p, n)
 ORDER BY n
 RETURNING id;
@@ -48,15 +49,15 @@ FROM generate_series(1, %(n)s);
 -- name: enqueue_copy
 -- Write many jobs, with their reserved ids, in one binary COPY (faster than INSERT for
 -- large batches). One statement: all rows or none, and one notification per queue.
-COPY jobs (id, queue, payload, run_at, max_attempts, priority) FROM STDIN (FORMAT binary);
+COPY jobs (id, queue, payload, run_at, max_attempts, priority, group_key) FROM STDIN (FORMAT binary);
 
 -- name: enqueue_keyed
 -- Add many jobs with keys, under ids reserved by enqueue_reserve: the first of a key wins,
 -- inside the batch too. Returns the ids added (key NULL), then the live jobs of the queue
 -- that already held one of the keys (id, key).
 WITH added AS (
-  INSERT INTO jobs (id, queue, payload, run_at, max_attempts, priority, key)
-  SELECT i, %(queue)s, p, %(run_at)s, %(max_attempts)s, %(priority)s, k
+  INSERT INTO jobs (id, queue, payload, run_at, max_attempts, priority, key, group_key)
+  SELECT i, %(queue)s, p, %(run_at)s, %(max_attempts)s, %(priority)s, k, %(group_key)s
   FROM unnest(%(ids)s::bigint[], %(payloads)b::jsonb[], %(keys)s::text[])
        WITH ORDINALITY AS t(i, p, k, n)
   ORDER BY n
@@ -76,26 +77,135 @@ WHERE queue = %(queue)s AND key = ANY(%(keys)s::text[]) AND status IN ('ready', 
 
 -- name: claim
 -- Take up to %(limit)s ready jobs, highest priority first, then oldest, then first in;
--- SKIP LOCKED lets competing workers pass each other. Returned in that order.
-WITH claimed AS (
+-- SKIP LOCKED lets competing workers pass each other. Returned in that order. For a queue
+-- without a per-group limit: one of pgqueue_limits (a primary-key lookup) claims nothing
+-- here and answers with one row of NULLs, so the caller sends claim_limited instead. Its
+-- guess of which statement a queue needs is only a guess: either statement refuses the
+-- queue it does not fit, so a wrong guess costs one round trip and never breaks a limit.
+WITH limited AS (
+  SELECT EXISTS (SELECT FROM pgqueue_limits WHERE queue = %(queue)s) AS yes
+),
+claimed AS (
   UPDATE jobs
   SET status      = 'running',
       attempts    = attempts + 1,
       fence       = fence + 1,
       lease_until = now() + make_interval(secs => %(lease)s),
-      started_at  = now()
+      started_at  = now(),
+      slot        = NULL
   WHERE id IN (
     SELECT id FROM jobs
     WHERE queue = %(queue)s AND status = 'ready' AND run_at <= now()
+      AND NOT (SELECT yes FROM limited)
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
   )
   RETURNING id, queue, payload, fence, attempts, max_attempts, lease_until, priority, run_at
 )
-SELECT id, queue, payload, fence, attempts, max_attempts, lease_until
-FROM claimed
-ORDER BY priority DESC, run_at, id;
+(SELECT id, queue, payload, fence, attempts, max_attempts, lease_until
+ FROM claimed
+ ORDER BY priority DESC, run_at, id)
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM limited WHERE yes;
+
+-- name: claim_limited
+-- The claim for a queue with a per-group limit (pgqueue_limits): at most per_group jobs
+-- of one group_key run at a time; jobs without a group are not limited. The same order as
+-- claim, among the jobs the limit allows. A queue without a limit (any more) claims
+-- nothing here and answers with one row of NULLs: the caller sends claim instead.
+--
+-- The database enforces the limit, never a count in a client: each job claimed under a
+-- limit takes a slot from 1 to per_group, and jobs_slot_idx (a partial unique index over
+-- running jobs) refuses a second running job in a slot. Why that holds whatever the number
+-- of workers, hosts or PgBouncer's pooling:
+-- - A count read by a claim is of its own snapshot (pgqueuer #761: each claim counted in
+--   its own snapshot, SKIP LOCKED slid past the rows the other held, and a limit of 1 ran
+--   two). Here the count only chooses which slots to try; the unique index checks a slot
+--   against every running row, committed after our snapshot or not. Two claims that saw
+--   the same free slot cannot both commit it: the second fails whole (unique_violation on
+--   jobs_slot_idx, nothing written) and its caller claims again, with a new snapshot.
+-- - A claim gives out slots of a group only under pg_try_advisory_xact_lock on (queue,
+--   group), so two claims never write slots of one group at the same moment: the index
+--   never makes a claim wait for another's commit, two claims cannot deadlock over two
+--   groups, and a claim that cannot get a group's lock passes over its jobs to another
+--   group's, as SKIP LOCKED passes rows. The lock is this statement's transaction's,
+--   released at its commit, on whatever server connection PgBouncer lent it. Safety does
+--   not rest on the lock (a hash collision only makes two groups take turns): the index
+--   decides.
+-- - Groups whose slots are all taken are passed over in the scan (full_groups), so a busy
+--   group never holds up the next runnable job of another (no head-of-line blocking).
+-- - A job leaves its slot by leaving 'running' (complete, fail, release, reap, cancel):
+--   no other statement needs to know about slots. Jobs running when a limit is set (or
+--   claimed by the claim statement as it is set) hold no slot and are not counted.
+WITH claim_limit AS (
+  SELECT per_group FROM pgqueue_limits WHERE queue = %(queue)s
+),
+full_groups AS (
+  SELECT group_key FROM jobs
+  WHERE queue = %(queue)s AND status = 'running' AND slot IS NOT NULL
+  GROUP BY group_key
+  HAVING count(*) >= (SELECT per_group FROM claim_limit)
+),
+candidates AS (
+  SELECT id, group_key, priority, run_at FROM jobs
+  WHERE queue = %(queue)s AND status = 'ready' AND run_at <= now()
+    AND EXISTS (SELECT FROM claim_limit)
+    AND (group_key IS NULL
+         OR (group_key NOT IN (SELECT group_key FROM full_groups)
+             AND pg_try_advisory_xact_lock(hashtext('pgqueue.slots:' || queue),
+                                           hashtext(group_key))))
+  ORDER BY priority DESC, run_at, id
+  LIMIT %(limit)s
+  FOR UPDATE SKIP LOCKED
+),
+grouped AS (  -- the candidates with a group, numbered in claim order within their group
+  SELECT id, group_key,
+         row_number() OVER (PARTITION BY group_key ORDER BY priority DESC, run_at, id) AS nth
+  FROM candidates
+  WHERE group_key IS NOT NULL
+),
+groups AS (  -- each of their groups: how many want a slot, how many slots are held
+  SELECT w.group_key, w.wanted,
+         (SELECT count(*) FROM jobs AS h
+          WHERE h.queue = %(queue)s AND h.group_key = w.group_key AND h.status = 'running'
+            AND h.slot IS NOT NULL) AS held
+  FROM (SELECT group_key, count(*) AS wanted FROM grouped GROUP BY group_key) AS w
+),
+free_slots AS (  -- each group's lowest free slots, numbered; room: how many it may take
+  SELECT g.group_key, s.slot, l.per_group - g.held AS room,
+         row_number() OVER (PARTITION BY g.group_key ORDER BY s.slot) AS nth
+  FROM groups AS g
+  CROSS JOIN claim_limit AS l
+  CROSS JOIN LATERAL generate_series(1, least(l.per_group, g.held + g.wanted)) AS s(slot)
+  WHERE NOT EXISTS (SELECT FROM jobs AS h
+                    WHERE h.queue = %(queue)s AND h.group_key = g.group_key
+                      AND h.slot = s.slot AND h.status = 'running')
+),
+slotted AS (
+  SELECT w.id, f.slot
+  FROM grouped AS w
+  JOIN free_slots AS f ON f.group_key = w.group_key AND f.nth = w.nth AND w.nth <= f.room
+),
+claimed AS (
+  UPDATE jobs
+  SET status      = 'running',
+      attempts    = attempts + 1,
+      fence       = fence + 1,
+      lease_until = now() + make_interval(secs => %(lease)s),
+      started_at  = now(),
+      slot        = slotted.slot
+  FROM candidates LEFT JOIN slotted ON slotted.id = candidates.id
+  WHERE jobs.id = candidates.id
+    AND (candidates.group_key IS NULL OR slotted.slot IS NOT NULL)
+  RETURNING jobs.id, jobs.queue, jobs.payload, jobs.fence, jobs.attempts, jobs.max_attempts,
+            jobs.lease_until, jobs.priority, jobs.run_at
+)
+(SELECT id, queue, payload, fence, attempts, max_attempts, lease_until
+ FROM claimed
+ ORDER BY priority DESC, run_at, id)
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE NOT EXISTS (SELECT FROM claim_limit);
 
 -- name: heartbeat
 -- Extend one lease and return the new lease_until; no row means the job was taken over.
@@ -295,7 +405,7 @@ RETURNING before.status;
 -- One job as it is now, by id (for inspection, and to learn how a write whose reply was
 -- lost ended).
 SELECT id, queue, status, payload, priority, key, attempts, max_attempts, fence, run_at,
-       lease_until, started_at, finished_at, last_error
+       lease_until, started_at, finished_at, last_error, group_key
 FROM jobs
 WHERE id = %(id)s;
 
@@ -390,6 +500,24 @@ archived AS (
   INSERT INTO jobs_archive SELECT * FROM moved RETURNING 1
 )
 SELECT (SELECT last FROM batch), (SELECT count(*) FROM archived);
+
+-- name: set_limit
+-- Let at most %(per_group)s jobs of one group of %(queue)s run at once, from the next claim
+-- on (replacing any limit it had).
+INSERT INTO pgqueue_limits (queue, per_group) VALUES (%(queue)s, %(per_group)s)
+ON CONFLICT (queue) DO UPDATE SET per_group = excluded.per_group;
+
+-- name: remove_limit
+-- Lift the per-group limit of %(queue)s; returns the limit it had (no row: none).
+DELETE FROM pgqueue_limits WHERE queue = %(queue)s RETURNING per_group;
+
+-- name: limits
+-- Every queue's per-group limit, with how many of its jobs run in slots now (under it).
+SELECT l.queue, l.per_group,
+       (SELECT count(*) FROM jobs
+        WHERE jobs.queue = l.queue AND status = 'running' AND slot IS NOT NULL) AS running
+FROM pgqueue_limits AS l
+ORDER BY l.queue;
 
 -- name: notify_off
 -- Stop the wake-up hints: enqueues skip the NOTIFY (and its commit-time lock); workers poll.

@@ -1,6 +1,6 @@
--- pgqueue schema: the seed's jobs table, its four partial indexes, an archive for pruned
--- jobs, a trigger that sends one wake-up hint per queue per statement, and the two small
--- tables of periodic jobs.
+-- pgqueue schema: the seed's jobs table, its partial indexes, an archive for pruned jobs,
+-- the per-group limits of queues, a trigger that sends one wake-up hint per queue per
+-- statement, and the two small tables of periodic jobs.
 --
 -- install() never runs this file whole. It reads the catalog first (`installed`,
 -- `installed_indexes`) and runs only the blocks for what is missing: on a new database
@@ -28,6 +28,8 @@ CREATE TABLE IF NOT EXISTS jobs (
   key          text,                           -- unique while ready/running
   started_at   timestamptz,                    -- the latest attempt began
   finished_at  timestamptz,                    -- done, dead or cancelled
+  group_key    text,                           -- limited together (pgqueue_limits)
+  slot         int,                            -- its group's slot, while running under a limit
   CONSTRAINT jobs_status_check CHECK (status IN ('ready', 'running', 'done', 'dead', 'cancelled'))
 );
 
@@ -38,7 +40,9 @@ ALTER TABLE jobs
   ADD COLUMN IF NOT EXISTS priority    int NOT NULL DEFAULT 0,
   ADD COLUMN IF NOT EXISTS key         text,
   ADD COLUMN IF NOT EXISTS started_at  timestamptz,
-  ADD COLUMN IF NOT EXISTS finished_at timestamptz;
+  ADD COLUMN IF NOT EXISTS finished_at timestamptz,
+  ADD COLUMN IF NOT EXISTS group_key   text,
+  ADD COLUMN IF NOT EXISTS slot        int;
 
 -- name: add_status_check
 -- Upgrade: the statuses a job can have, checked from now on; old rows are checked by
@@ -74,6 +78,16 @@ CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_dead_idx ON jobs (queue, finished_a
 CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS jobs_key_idx ON jobs (queue, key)
   WHERE key IS NOT NULL AND status IN ('ready', 'running');
 
+-- name: jobs_slot_idx
+-- At most per_group running jobs per group of a limited queue: a claim gives each job it
+-- takes under a limit a slot from 1 to per_group, and two running jobs of one group can
+-- never hold the same slot. The database decides, so the limit holds across any number
+-- of workers and hosts (see the claim in queries.sql). A job leaves its slot by leaving
+-- 'running', however that happens. Only jobs claimed under a limit are in it: claims and
+-- heartbeats of every other job never touch it.
+CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS jobs_slot_idx ON jobs (queue, group_key, slot)
+  WHERE status = 'running' AND slot IS NOT NULL;
+
 -- name: set_index_aside
 -- Upgrade: an index of an older definition keeps serving claims under another name
 -- while its successor is built.
@@ -93,7 +107,18 @@ ALTER TABLE jobs_archive
   ADD COLUMN IF NOT EXISTS priority    int NOT NULL DEFAULT 0,
   ADD COLUMN IF NOT EXISTS key         text,
   ADD COLUMN IF NOT EXISTS started_at  timestamptz,
-  ADD COLUMN IF NOT EXISTS finished_at timestamptz;
+  ADD COLUMN IF NOT EXISTS finished_at timestamptz,
+  ADD COLUMN IF NOT EXISTS group_key   text,
+  ADD COLUMN IF NOT EXISTS slot        int;
+
+-- name: limits_table
+-- How many jobs of one group of a queue may run at once (Queue.limit, `pgqueue limit`);
+-- every worker reads it in its claim, so they all obey the same one. A queue not in it has
+-- no limit.
+CREATE TABLE IF NOT EXISTS pgqueue_limits (
+  queue     text PRIMARY KEY,
+  per_group int  NOT NULL CHECK (per_group >= 1)
+);
 
 -- name: schedules_table
 -- Periodic jobs (pgqueue/periodic.py): one row per schedule, with the newest slot handled
@@ -148,6 +173,7 @@ SELECT to_regclass('jobs') IS NOT NULL AS jobs,
        (SELECT convalidated FROM pg_constraint
         WHERE conrelid = to_regclass('jobs') AND conname = 'jobs_status_check')
          AS status_check_valid,
+       to_regclass('pgqueue_limits') IS NOT NULL AS limits,
        to_regprocedure('jobs_notify()') IS NOT NULL AS notify_function,
        EXISTS (SELECT 1 FROM pg_trigger
                WHERE tgrelid = to_regclass('jobs') AND tgname = 'jobs_notify_insert')

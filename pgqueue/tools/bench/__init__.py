@@ -14,6 +14,7 @@ from .drain import (
     pgbench_drain,
 )
 from .enqueue import bench_enqueue, enqueue_once
+from .limits import LimitCase, bench_limits, limit_cases
 from .peers import PEER_SETTINGS, PEERS, bench_peers
 from .plots import figures
 from .polling import bench_polling, idle_qps, latency_run, polling_intervals
@@ -21,6 +22,7 @@ from .report import (
     CLAIM_COLUMNS,
     DRAIN_COLUMNS,
     ENQUEUE_COLUMNS,
+    LIMIT_COLUMNS,
     PEERS_COLUMNS,
     POLLING_COLUMNS,
     SUMMARY_COLUMNS,
@@ -37,6 +39,7 @@ __all__ = [
     "CLAIM_COLUMNS",
     "DRAIN_COLUMNS",
     "ENQUEUE_COLUMNS",
+    "LIMIT_COLUMNS",
     "PEERS",
     "PEERS_COLUMNS",
     "PEER_SETTINGS",
@@ -46,10 +49,12 @@ __all__ = [
     "SUMMARY_COLUMNS",
     "Bench",
     "DrainConfig",
+    "LimitCase",
     "NullEventLog",
     "bench_claim",
     "bench_drain",
     "bench_enqueue",
+    "bench_limits",
     "bench_peers",
     "bench_polling",
     "bench_server",
@@ -63,6 +68,7 @@ __all__ = [
     "hand_loop",
     "idle_qps",
     "latency_run",
+    "limit_cases",
     "machine",
     "main",
     "pgbench_drain",

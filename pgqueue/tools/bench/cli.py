@@ -24,6 +24,7 @@ from .cpu import bench_cpu
 from .drain import DrainConfig, _add_ratio_to_limit, bench_drain
 from .enqueue import bench_enqueue
 from .housekeeping import bench_housekeeping
+from .limits import bench_limits
 from .notify import bench_notify
 from .peers import bench_peers
 from .plots import figures
@@ -35,6 +36,7 @@ from .report import (
     DRAIN_COLUMNS,
     ENQUEUE_COLUMNS,
     HOUSEKEEPING_COLUMNS,
+    LIMIT_COLUMNS,
     NOTIFY_COLUMNS,
     PEERS_COLUMNS,
     POLLING_COLUMNS,
@@ -120,6 +122,7 @@ def run(
             DRAIN_COLUMNS,
             lambda: bench_drain(bench, samples=drain_samples, cpu_samples=drain_cpu),
         ),
+        ("limit", "bench_limit.csv", LIMIT_COLUMNS, lambda: bench_limits(bench)),
         (
             "peers",
             "bench_peers.csv",
@@ -198,7 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         default=",".join(BENCHMARKS),
-        help=f"comma-separated subset of: {', '.join(BENCHMARKS)} ('limit' runs with drain)",
+        help=f"comma-separated subset of: {', '.join(BENCHMARKS)} ('limit': what a "
+        "per-group concurrency limit costs; drain's ratio_to_limit is to pgbench, its ceiling)",
     )
     parser.add_argument(
         "--out",
@@ -215,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
-    only = {"drain" if n.strip() == "limit" else n.strip() for n in args.only.split(",")}
+    only = {n.strip() for n in args.only.split(",")}
     unknown = only - set(BENCHMARKS)
     if unknown:
         parser.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}")

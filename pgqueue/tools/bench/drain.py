@@ -1,7 +1,9 @@
 """Benchmark 1, drain throughput: the Worker, a hand-written loop, and pgbench (the limit).
 
 All of them drain a prefilled queue of no-op jobs with the Worker's own SQL (its claim,
-then fenced completion); ``--only limit`` on the command line means this benchmark."""
+then fenced completion). "The limit" here is pgbench running that SQL, the ceiling the
+others are compared with (``ratio_to_limit``); ``--only limit`` is another benchmark, the
+cost of a per-group concurrency limit (limits.py)."""
 
 from __future__ import annotations
 

@@ -32,6 +32,20 @@ DRAIN_COLUMNS = [
     "ratio_to_limit",
     "client_cpu_us_per_job",
 ]
+LIMIT_COLUMNS = [
+    "case",
+    "groups",
+    "per_group",
+    "concurrency",
+    "batch",
+    "jobs_per_s_median",
+    "jobs_per_s_min",
+    "jobs_per_s_max",
+    "ratio_to_no_groups",
+    "client_cpu_us_per_job",
+    "runs",
+    "n_jobs",
+]
 POLLING_COLUMNS = [
     "poll_interval_s",
     "listen",
