@@ -930,6 +930,8 @@ class Engine:
         self.rejected += sum(end == "refused" for _, end in ends)
         self.gave_up += sum(end == "gave-up" for _, end in ends)
         ok = [claim.job for claim, end in ends if end == "ok"]
+        if ok:
+            self._bell.ring()  # a slot of a limited group may be free: claim again now
         if action == "complete":
             self.done += len(ok)
         elif action == "fail":
