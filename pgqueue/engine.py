@@ -34,7 +34,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import psycopg
@@ -43,6 +42,7 @@ from psycopg import conninfo
 from . import periodic
 from .async_job import AsyncJob
 from .async_queue import AsyncQueue, async_connect
+from .claims import Batch, Claim, Key, key_of
 from .db import connect
 from .errors import ConnectError, PgQueueError
 from .events import EventLog, NullEventLog
@@ -69,14 +69,6 @@ DISCONNECTS = (psycopg.OperationalError, psycopg.InterfaceError, ConnectError)
 FINISH_TRIES = 6  # tries of one complete/fail/release across reconnects
 FINAL_WRITES = 3.0  # seconds a stop gives its last writes after the grace (forced: 0.5)
 
-Key = tuple[int, int]  # (job id, fence): one claim of one job
-
-
-def key_of(job: Job) -> Key:
-    """What the engine files a claim under. Not the id alone: a job failed with no backoff
-    can be claimed again by this worker before the first claim's bookkeeping is over."""
-    return (job.id, job.fence)
-
 
 class Phase(enum.IntEnum):
     """Where the engine is; it only moves forward."""
@@ -95,26 +87,6 @@ class Seams(Protocol):
     def _gate(self) -> None: ...
 
     def _after_claim(self, jobs: list[Any]) -> Any: ...
-
-
-@dataclass(eq=False)
-class Batch:
-    left: int  # jobs of one claim whose handlers have not ended yet
-
-
-@dataclass(eq=False)
-class Claim:
-    """A claimed job this worker has not finished: the job as its handler sees it (a
-    ``Job`` for a plain handler, an ``AsyncJob`` for a coroutine), its lane and batch."""
-
-    job: Job
-    slot: int
-    lane: str
-    batch: Batch
-    plain: bool
-    started: float | None = None  # time.monotonic() when the handler began
-    timeout: float | None = None  # this job's (its task's, else the worker's)
-    expiry_seen: bool = False  # its lease running out here was reported
 
 
 class Bell:
@@ -283,7 +255,8 @@ class Engine:
         """Whether the dispatcher or a handler still runs (a burst run ends when not)."""
         if any(not t.done() for t in self._tasks[:1] + self._lane_tasks) or self._finishers:
             return True
-        return self._plain is not None and bool(self._plain.busy or self._plain.waiting)
+        plain = self._plain  # a job running on a lane, waiting for one, or its outcome unfiled
+        return plain is not None and bool(plain.busy or plain.waiting or plain.done)
 
     async def start(self, banner: str) -> None:
         """Check the database (a bad DSN or a missing table fails here), then start the
@@ -376,6 +349,8 @@ class Engine:
                 break
             waits = self._tasks[:1] + self._lane_tasks
             await asyncio.wait(waits, timeout=min(left, 0.1))
+        if self._plain is not None and self.phase < Phase.LEAVING:
+            self._plain_done()  # outcomes that came in since the loop last looked count
         if self.phase < Phase.LEAVING:
             self.phase = Phase.LEAVING
             bound = 0.5 if self._force.is_set() else FINAL_WRITES
@@ -471,9 +446,9 @@ class Engine:
             return True
         self.seams._gate()
         queue = await self._claims_link.get()
-        # Under a backlog one claim fills every lane: ``batch`` for each, as when each lane
-        # claimed its own (one commit, and its WAL flush, for all of them).
-        limit = min(o.batch * o.concurrency, 10_000) if self._deep else o.batch
+        # Under a backlog one claim tops up every lane (one commit, and its WAL flush, for
+        # all of them), never past what the worker may hold (``_room``).
+        limit = min(self._room_to_hold(), 10_000 if self._deep else o.batch)
         jobs = await queue.claim(list(o.queues), limit=limit, lease=o.lease)
         self._deep = len(jobs) == limit
         if not jobs:
@@ -490,7 +465,18 @@ class Engine:
 
     def _wants_jobs(self) -> bool:
         waiting, lanes = self._waiting_now(), self.options.concurrency
+        if self._room_to_hold() <= 0:
+            return False
         return (waiting == 0 and self._busy_now() < lanes) or (self._deep and waiting < lanes)
+
+    def _room_to_hold(self) -> int:
+        """How many more jobs this worker may claim: it holds at most ``batch`` a lane of
+        plain handlers (as when each lane claimed its own batch), or ``concurrency + batch``
+        with async ones (a batch waiting while every handler runs). A kill re-runs at most
+        that many."""
+        o = self.options
+        most = o.batch * o.concurrency if self._plain is not None else o.concurrency + o.batch
+        return most - len(self.claims)
 
     def _waiting_now(self) -> int:
         return len(self._waiting) + (len(self._plain.waiting) if self._plain else 0)

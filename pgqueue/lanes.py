@@ -18,20 +18,17 @@ import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import psycopg
 
+from .claims import Claim
 from .handlers import LEFT_OPEN, Failure, HandlerConnection, failure_of, reset
-
-if TYPE_CHECKING:
-    from .engine import Claim
 
 # Outcomes of a job that was not started: lost before its turn, or the worker is stopping.
 SKIPPED = Failure("skipped")
 RELEASED = Failure("released")
 
-Run = Callable[["Claim", Callable[[], psycopg.Connection]], Failure | None]
+Run = Callable[[Claim, Callable[[], psycopg.Connection]], Failure | None]
 
 
 class Lane:

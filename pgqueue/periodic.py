@@ -31,13 +31,10 @@ import numbers
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .errors import BadInput
 from .params import _job_params
-
-if TYPE_CHECKING:
-    from .async_queue import AsyncQueue
 
 TICK = 1.0  # seconds between a worker's ticks
 GRACE = 2.0  # seconds: a slot found older than this was missed (two ticks of every worker)
@@ -204,7 +201,19 @@ def tick_params(schedule: Schedule, slots: Sequence[datetime]) -> dict[str, Any]
     }
 
 
-async def tick(queue: AsyncQueue, schedules: Sequence[Schedule]) -> int:
+class Ticker(Protocol):
+    """What a tick needs of an ``AsyncQueue`` (its three periodic statements)."""
+
+    async def schedule_clock(
+        self, names: Sequence[str]
+    ) -> tuple[datetime, dict[str, datetime]]: ...
+
+    async def schedule_add(self, schedule: Schedule, slots: Sequence[datetime]) -> bool: ...
+
+    async def schedule_tick(self, schedule: Schedule, slots: Sequence[datetime]) -> int: ...
+
+
+async def tick(queue: Ticker, schedules: Sequence[Schedule]) -> int:
     """Make the jobs of every due slot of ``schedules`` that no other worker made; return
     how many this tick made. One read of the clock and the last slots, then one statement
     per schedule with a slot due; a new schedule's row is added (no job)."""
