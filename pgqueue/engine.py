@@ -471,11 +471,11 @@ class Engine:
 
     def _room_to_hold(self) -> int:
         """How many more jobs this worker may claim: it holds at most ``batch`` a lane of
-        plain handlers (as when each lane claimed its own batch), or ``concurrency + batch``
-        with async ones (a batch waiting while every handler runs). A kill re-runs at most
-        that many."""
+        plain handlers (as when each lane claimed its own batch), or a batch beside the
+        handlers of all lanes but one with async ones (as the AsyncWorker always did). A
+        kill re-runs at most that many."""
         o = self.options
-        most = o.batch * o.concurrency if self._plain is not None else o.concurrency + o.batch
+        most = o.batch * o.concurrency if self._plain is not None else o.concurrency + o.batch - 1
         return most - len(self.claims)
 
     def _waiting_now(self) -> int:
