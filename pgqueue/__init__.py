@@ -33,6 +33,7 @@ from .job import Job
 from .params import LeftDead, Retried
 from .queue import JobState, Limit, Queue, Reaped
 from .server import EmbeddedServer, default_server
+from .steps import StepState
 from .tasks import Task, Tasks
 from .worker import Worker
 
@@ -68,6 +69,7 @@ __all__ = [
     "Retried",
     "RetryAfter",
     "SlotRace",
+    "StepState",
     "Task",
     "Tasks",
     "Worker",

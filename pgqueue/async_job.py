@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
-from . import statements
+from . import statements, steps
 from .errors import LeaseLost
 from .fencing import async_fenced_write
 from .job import Job
@@ -82,6 +83,47 @@ class AsyncJob(Job):
             check_lease=True,
         )
         return self._wrote(took_effect)
+
+    async def step(self, name: str, fn: Callable[[], Any]) -> Any:  # type: ignore[override]
+        """``Job.step``, awaited: ``await job.step("charge", fn)`` returns the stored output
+        of a step done by an earlier attempt, else awaits ``fn()`` (a coroutine function,
+        or a plain one, called on the event loop: keep it short) and stores its output under
+        this claim, checked and locked ``FOR SHARE`` in the same statement. A claim that is
+        over stores nothing, marks the job lost and raises ``LeaseLost``; an output that is
+        not JSON raises ``BadInput`` naming the step."""
+        name = steps.step_name(self.id, name)
+        if self.conn is None and self.borrow is None:
+            raise LeaseLost(f"job {self.id} has no connection to write with; claim it first")
+        if self._lost:  # known stale here: no round trip, and fn is not run
+            raise steps.stale(self.id, self.fence, name)
+        conn = await self.connection()
+        done = await self._async_step_run(conn, "step_get", {"job": self.id, "name": name})
+        if done is not None:
+            return done[0]
+        result = fn()
+        if inspect.isawaitable(result):
+            result = await result
+        output, answer = steps.encode(self.id, name, result)
+        params = steps.put_params(self.id, self.fence, name, output)
+        held, stored = await self._async_step_run(conn, "step_put", params) or (False, False)
+        if not self._wrote(held):
+            raise steps.refused(self.id, self.fence, name)
+        if stored:
+            return answer
+        # This claim had stored the step already (another call of it): that is the answer.
+        again = await self._async_step_run(conn, "step_get", {"job": self.id, "name": name})
+        return answer if again is None else again[0]
+
+    async def _async_step_run(
+        self, conn: psycopg.AsyncConnection, name: str, params: dict[str, Any]
+    ) -> tuple[Any, ...] | None:
+        try:
+            return await (await conn.execute(statements.query(name), params)).fetchone()
+        except psycopg.errors.UndefinedTable as exc:
+            mapped = steps.missing(exc)
+            if mapped is None:
+                raise
+            raise mapped from None
 
     @contextlib.asynccontextmanager
     async def transaction(  # type: ignore[override]

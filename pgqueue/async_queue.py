@@ -75,6 +75,7 @@ from .params import (
 )
 from .periodic import Schedule, tick_params
 from .queue import JobState, Limit, Reaped, ScheduleState
+from .steps import StepState
 
 AsyncCursor = psycopg.AsyncCursor[Any]
 # Planned afresh at each call, never prepared: the AsyncWorker completes whatever finished
@@ -408,6 +409,10 @@ class AsyncQueue:
         """The job with this id as it is now, or None if there is none."""
         row = await self._one("get", {"id": _job_id(job_id)})
         return None if row is None else JobState(*row)
+
+    async def steps(self, job_id: int) -> list[StepState]:
+        """``Queue.steps``: the durable steps job ``job_id`` has stored, oldest first."""
+        return [StepState(*row) for row in await self._all("steps", {"job": _job_id(job_id)})]
 
     async def stats(self, *, exact: bool = False) -> list[dict[str, Any]]:
         """``Queue.stats``: counts by queue and status (finished ones estimated)."""

@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("ids", type=int, nargs="+", metavar="ID", help="job ids")
 
-    p = command("show", cmd_show, "one job as it is now")
+    p = command("show", cmd_show, "one job as it is now, with its durable steps")
     p.add_argument("id", type=int, metavar="ID", help="job id")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -485,14 +485,20 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> None:
     with _queue(args) as q:
         job = q.get(args.id)
+        steps = [] if job is None else q.steps(args.id)
     if job is None:
         raise PgQueueError(f"no job {args.id}")
     fields = job._asdict()
     if args.json:
+        fields["steps"] = [step._asdict() for step in steps]
         print(json.dumps(fields, default=str))
         return
     for name, value in fields.items():
         print(f"{name:<13} {json.dumps(value) if name == 'payload' else value}")
+    # The durable steps it stored (Job.step), oldest first: name, fence, when.
+    print(f"{'steps':<13} {len(steps)}")
+    for step in steps:
+        print(f"  {step.name}  fence {step.fence}  {step.written_at}")
 
 
 def cmd_server(args: argparse.Namespace) -> int:

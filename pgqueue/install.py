@@ -3,9 +3,9 @@
 is missing (``sql/schema.sql``), and the one-line error for a lock it could not get.
 
 Two kinds of step. Brief ones (create the table, add columns, add the status check
-``NOT VALID``, the NOTIFY trigger; the limits and periodic tables, which lock nothing in
-use) run together in one transaction under a lock timeout: each of the others needs a
-strong lock on ``jobs`` for a moment, and none may queue the fleet behind a long
+``NOT VALID``, the NOTIFY trigger; the limits, periodic and steps tables, which lock
+nothing in use) run together in one transaction under a lock timeout: each of the others
+needs a strong lock on ``jobs`` for a moment, and none may queue the fleet behind a long
 transaction. Slow ones (validate the check, build an index) run one statement at a time
 outside any transaction with locks that let claims and completions go on: an index is built
 ``CONCURRENTLY``, the check is validated under SHARE UPDATE EXCLUSIVE.
@@ -56,6 +56,8 @@ class Catalog:
     notify_trigger: bool
     schedules: bool  # the periodic tables
     slots: bool
+    steps: bool  # the durable steps' tables
+    steps_archive: bool
     indexes: dict[str, Index]
 
 
@@ -112,7 +114,7 @@ def _current(index: Index) -> bool:
 def catalog(found: Sequence[Any], indexes: Iterable[Sequence[Any]]) -> Catalog:
     """The replies of ``installed`` and ``installed_indexes`` as one ``Catalog``."""
     jobs, archive, jobs_columns, archive_columns, check, limits, function, trigger, *rest = found
-    schedules, slots = rest
+    schedules, slots, steps, steps_archive = rest
     return Catalog(
         jobs=jobs,
         archive=archive,
@@ -124,6 +126,8 @@ def catalog(found: Sequence[Any], indexes: Iterable[Sequence[Any]]) -> Catalog:
         notify_trigger=trigger,
         schedules=schedules,
         slots=slots,
+        steps=steps,
+        steps_archive=steps_archive,
         indexes={row[0]: Index(*row) for row in indexes},
     )
 
@@ -150,7 +154,7 @@ def brief_steps(found: Catalog, notify: bool | None) -> list[Step]:
         if notify is not False:
             steps.append(_step("created the NOTIFY function", "notify_function"))
             steps.append(_step("created the NOTIFY trigger", "notify_trigger"))
-        return steps + _periodic_steps(found)
+        return steps + _periodic_steps(found) + _step_tables(found)
     steps = []
     if not added_columns() <= found.jobs_columns:
         missing = ", ".join(sorted(added_columns() - found.jobs_columns))
@@ -169,7 +173,17 @@ def brief_steps(found: Catalog, notify: bool | None) -> list[Step]:
         steps.append(_step("created the NOTIFY trigger", "notify_trigger"))
     elif notify is False and found.notify_trigger:
         steps.append(Step("dropped the NOTIFY trigger", sql.SQL(statements.query("notify_off"))))
-    return steps + _periodic_steps(found)
+    return steps + _periodic_steps(found) + _step_tables(found)
+
+
+def _step_tables(found: Catalog) -> list[Step]:
+    """The durable steps' tables, if missing: new tables, so they lock nothing anyone uses."""
+    steps = []
+    if not found.steps:
+        steps.append(_step("created pgqueue_steps (durable steps)", "steps_table"))
+    if not found.steps_archive:
+        steps.append(_step("created pgqueue_steps_archive (durable steps)", "steps_archive_table"))
+    return steps
 
 
 def _periodic_steps(found: Catalog) -> list[Step]:

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from . import statements
+from . import statements, steps
 from .errors import BadInput, LeaseLost, PgQueueError
 from .fencing import fenced_write
 
@@ -113,6 +113,52 @@ class Job:
             check_lease=True,
         )
         return self._wrote(took_effect)
+
+    def step(self, name: str, fn: Callable[[], Any]) -> Any:
+        """The output of step ``name`` of this job: the stored JSON output if an earlier
+        attempt (or this one) did the step, else ``fn()``'s, stored first under this claim.
+
+        A done step costs one read and ``fn`` is not called: a job killed after two of three
+        steps runs only the third on its next attempt. A new output is stored by one
+        statement that checks the claim (running, this fence, a lease the server's clock has
+        not passed) and locks the job row ``FOR SHARE``, so no takeover, cancel, reap or fail
+        comes between the check and the write. If the claim is over, nothing is stored, the
+        job is marked lost and ``LeaseLost`` is raised. What is returned is the output as
+        stored (JSON: tuples come back as lists), the same on every attempt. An output that
+        is not JSON raises ``BadInput`` naming the step (the job fails with it), and a name
+        that is not one line of text raises ``BadInput`` before ``fn`` runs. Steps are kept
+        with the job; ``prune`` removes them with it. Inside ``job.transaction()`` the step
+        is part of that transaction, stored only if it commits."""
+        name = steps.step_name(self.id, name)
+        if self.conn is None:
+            raise LeaseLost(f"job {self.id} has no connection to write with; claim it first")
+        conn = self.conn
+        if self._lost:  # known stale here: no round trip, and fn is not run
+            raise steps.stale(self.id, self.fence, name)
+        done = self._step_run(conn, "step_get", {"job": self.id, "name": name})
+        if done is not None:
+            return done[0]
+        output, answer = steps.encode(self.id, name, fn())
+        params = steps.put_params(self.id, self.fence, name, output)
+        held, stored = self._step_run(conn, "step_put", params) or (False, False)
+        if not self._wrote(held):
+            raise steps.refused(self.id, self.fence, name)
+        if stored:
+            return answer
+        # This claim had stored the step already (another call of it): that is the answer.
+        again = self._step_run(conn, "step_get", {"job": self.id, "name": name})
+        return answer if again is None else again[0]
+
+    def _step_run(
+        self, conn: psycopg.Connection, name: str, params: dict[str, Any]
+    ) -> tuple[Any, ...] | None:
+        try:
+            return conn.execute(statements.query(name), params).fetchone()
+        except psycopg.errors.UndefinedTable as exc:
+            mapped = steps.missing(exc)
+            if mapped is None:
+                raise
+            raise mapped from None
 
     @contextmanager
     def transaction(self, *, lock_timeout: float = 5.0) -> Iterator[psycopg.Connection]:

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg.types.json import Jsonb
 
+from . import steps
 from .db import first_line
 from .errors import MAX_RETRY_DELAY, BadInput, KeyRace, NotInstalled, PgQueueError, SlotRace
 from .job import Job
@@ -234,6 +235,8 @@ def pgqueue_error(exc: psycopg.Error, name: str | None = None) -> PgQueueError |
             "the periodic tables (pgqueue_schedules, pgqueue_slots) do not exist in this "
             "database: run `pgqueue init` (or Queue.install()) to add them"
         )
+    if isinstance(exc, psycopg.errors.UndefinedTable) and (found := steps.missing(exc)):
+        return found
     if isinstance(exc, psycopg.errors.UndefinedTable):
         return NotInstalled(
             "the jobs table does not exist in this database: "

@@ -66,6 +66,7 @@ from .params import (
     _stats_rows,
     pgqueue_error,
 )
+from .steps import StepState
 
 
 class Reaped(NamedTuple):
@@ -452,6 +453,11 @@ class Queue:
         """The job with this id as it is now, or None if there is none."""
         row = self._run("get", {"id": _job_id(job_id)}).fetchone()
         return None if row is None else JobState(*row)
+
+    def steps(self, job_id: int) -> list[StepState]:
+        """The durable steps job ``job_id`` has stored (``Job.step``), oldest first: name,
+        fence of the claim that wrote it, when, and output."""
+        return [StepState(*row) for row in self._run("steps", {"job": _job_id(job_id)})]
 
     def stats(self, *, exact: bool = False) -> list[dict[str, Any]]:
         """Job counts by queue and status, with the oldest runnable job's wait in seconds and

@@ -68,6 +68,10 @@ TESTED_QUERIES = {
     "set_limit",
     "remove_limit",
     "limits",
+    # durable steps, in tests/test_steps.py
+    "step_get",
+    "step_put",
+    "steps",
 }
 FENCED = {"heartbeat", "heartbeat_many", "complete", "complete_many", "fail", "release"}
 

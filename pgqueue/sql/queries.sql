@@ -466,6 +466,7 @@ SELECT min(id), max(id) FROM jobs;
 -- transaction per batch of jobs, so a run takes statements in proportion to the jobs the
 -- table holds, never to the span of their ids. Returns the last id looked at (NULL: none
 -- left) and how many were deleted. Rows finished before finished_at existed count from run_at.
+-- The durable steps of the jobs deleted are deleted in the same statement.
 WITH batch AS (
   SELECT max(id) AS last
   FROM (SELECT id FROM jobs
@@ -478,11 +479,15 @@ gone AS (
   WHERE id > %(after)s AND id <= (SELECT last FROM batch) AND status IN ('done', 'cancelled')
     AND coalesce(finished_at, run_at) < now() - make_interval(secs => %(older_than)s)
   RETURNING id
+),
+steps_gone AS (  -- a job's durable steps go with it
+  DELETE FROM pgqueue_steps WHERE job_id IN (SELECT id FROM gone)
 )
 SELECT (SELECT last FROM batch), (SELECT count(*) FROM gone);
 
 -- name: prune_archive
--- Like prune, but move the jobs into jobs_archive, in one statement per batch.
+-- Like prune, but move the jobs into jobs_archive (and their durable steps into
+-- pgqueue_steps_archive), in one statement per batch.
 WITH batch AS (
   SELECT max(id) AS last
   FROM (SELECT id FROM jobs
@@ -498,6 +503,14 @@ moved AS (
 ),
 archived AS (
   INSERT INTO jobs_archive SELECT * FROM moved RETURNING 1
+),
+steps_moved AS (  -- a job's durable steps go with it, to pgqueue_steps_archive
+  DELETE FROM pgqueue_steps WHERE job_id IN (SELECT id FROM moved)
+  RETURNING job_id, name, output, fence, written_at
+),
+steps_archived AS (
+  INSERT INTO pgqueue_steps_archive (job_id, name, output, fence, written_at)
+  SELECT job_id, name, output, fence, written_at FROM steps_moved
 )
 SELECT (SELECT last FROM batch), (SELECT count(*) FROM archived);
 
@@ -599,3 +612,40 @@ SELECT count(*) FROM made;
 -- Every schedule: what it runs, its last slot and its next, as of the last tick that moved
 -- it (a next slot long past means no worker runs its queue).
 SELECT name, spec, queue, last_slot, next_slot FROM pgqueue_schedules ORDER BY name;
+
+-- name: step_get
+-- The stored output of step %(name)s of job %(job)s (no row: not done yet). Any claim's:
+-- a step stored by an earlier attempt is the answer, and is not run again.
+SELECT output FROM pgqueue_steps WHERE job_id = %(job)s AND name = %(name)s;
+
+-- name: step_put
+-- Store the output of step %(name)s of job %(job)s, only while the caller holds the claim
+-- with fence %(fence)s: the check and the write are this one statement. held takes the job
+-- row FOR SHARE (running, this fence, a lease the server's clock has not passed), so a
+-- takeover, cancel, reap or fail (each an UPDATE of the row) waits for this statement, or
+-- for the commit of the transaction it is in, and cannot slip between check and write.
+-- clock_timestamp(), not now(): inside a transaction now() is when it began, and a lease
+-- that ran out since would still pass; after a wait for the lock the row is checked again
+-- as it is then. A stale holder's attempt stores nothing (held is false). A step already
+-- stored stays as it is (DO NOTHING: a step once stored is the answer): that can only be
+-- this claim's own earlier write (two calls of one step, or a write whose reply was lost),
+-- as an older claim's write commits before the claim that ends it. Returns whether the
+-- claim held and whether this statement stored the output.
+WITH held AS (
+  SELECT id, fence FROM jobs
+  WHERE id = %(job)s AND fence = %(fence)s AND status = 'running'
+    AND lease_until > clock_timestamp()
+  FOR SHARE
+), stored AS (
+  INSERT INTO pgqueue_steps (job_id, name, output, fence, written_at)
+  SELECT id, %(name)s, %(output)s, fence, clock_timestamp() FROM held
+  ON CONFLICT (job_id, name) DO NOTHING
+  RETURNING 1
+)
+SELECT EXISTS (SELECT FROM held) AS held, EXISTS (SELECT FROM stored) AS stored;
+
+-- name: steps
+-- The durable steps job %(job)s has stored, in the order they were written.
+SELECT name, fence, written_at, output FROM pgqueue_steps
+WHERE job_id = %(job)s
+ORDER BY written_at, name;

@@ -1,6 +1,6 @@
 -- pgqueue schema: the seed's jobs table, its partial indexes, an archive for pruned jobs,
 -- the per-group limits of queues, a trigger that sends one wake-up hint per queue per
--- statement, and the two small tables of periodic jobs.
+-- statement, the two small tables of periodic jobs, and the durable steps of jobs.
 --
 -- install() never runs this file whole. It reads the catalog first (`installed`,
 -- `installed_indexes`) and runs only the blocks for what is missing: on a new database
@@ -144,6 +144,25 @@ CREATE TABLE IF NOT EXISTS pgqueue_slots (
   PRIMARY KEY (schedule, slot)
 );
 
+-- name: steps_table
+-- Durable steps (Job.step): the JSON output of each step a job has done, written under the
+-- claim by step_put (queries.sql), read back by the job's later attempts instead of running
+-- the step again. Removed with its job by prune. No foreign key to jobs: it would make
+-- `TRUNCATE jobs` fail and give prune a trigger per row deleted; prune deletes the steps
+-- of the jobs it removes in the same statement. A new table: adding it locks nothing in use.
+CREATE TABLE IF NOT EXISTS pgqueue_steps (
+  job_id     bigint      NOT NULL,
+  name       text        NOT NULL,
+  output     jsonb       NOT NULL,
+  fence      bigint      NOT NULL,  -- the claim that wrote it
+  written_at timestamptz NOT NULL,
+  PRIMARY KEY (job_id, name)
+);
+
+-- name: steps_archive_table
+-- Where prune(archive=True) moves the steps of the jobs it moves to jobs_archive.
+CREATE TABLE IF NOT EXISTS pgqueue_steps_archive (LIKE pgqueue_steps);
+
 -- name: notify_function
 -- LISTEN/NOTIFY is only a hint: workers poll anyway. Postgres folds identical
 -- notifications within one transaction, so a bulk enqueue sends one per queue.
@@ -179,7 +198,9 @@ SELECT to_regclass('jobs') IS NOT NULL AS jobs,
                WHERE tgrelid = to_regclass('jobs') AND tgname = 'jobs_notify_insert')
          AS notify_trigger,
        to_regclass('pgqueue_schedules') IS NOT NULL AS schedules,
-       to_regclass('pgqueue_slots') IS NOT NULL AS slots;
+       to_regclass('pgqueue_slots') IS NOT NULL AS slots,
+       to_regclass('pgqueue_steps') IS NOT NULL AS steps,
+       to_regclass('pgqueue_steps_archive') IS NOT NULL AS steps_archive;
 
 -- name: installed_indexes
 -- The indexes on jobs: name, whether usable, definition, whether a build is running now.

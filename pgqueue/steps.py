@@ -1,0 +1,100 @@
+"""Durable steps: the checks and replies of ``Job.step`` and ``AsyncJob.step``, shared so
+the two cannot drift apart.
+
+A step is a named part of a job's work whose JSON output is stored in ``pgqueue_steps``
+under the claim (``step_put`` in ``sql/queries.sql``: the fence, status and lease are
+checked, and the job row locked ``FOR SHARE``, in the statement that writes the step). A
+later attempt of the job reads the stored output instead of running the step again, so a
+job killed after two of three steps resumes at the third. A holder whose claim is over
+stores nothing and gets ``LeaseLost``.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, NamedTuple
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from .errors import BadInput, LeaseLost, NotInstalled
+
+MAX_NAME = 200  # characters of a step name
+_JSON = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
+
+
+class StepState(NamedTuple):
+    """One stored step of a job (``Queue.steps``): its name, the fence of the claim that
+    wrote it, when, and its output."""
+
+    name: str
+    fence: int
+    written_at: datetime
+    output: Any
+
+
+def step_name(job_id: int, name: object) -> str:
+    """``name`` if it is a step name: non-empty text, one line, no NUL, valid UTF-8."""
+    if (
+        not isinstance(name, str)
+        or not name.strip()
+        or len(name) > MAX_NAME
+        or any(c in name for c in "\x00\n\r")
+    ):
+        raise BadInput(
+            f"job {job_id}: a step name must be non-empty text of one line and at most "
+            f"{MAX_NAME} characters, got {name!r}"
+        )
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInput(f"job {job_id}: step name {name!r} is not valid UTF-8 text") from None
+    return name
+
+
+def encode(job_id: int, name: str, output: object) -> tuple[Jsonb, Any]:
+    """The output of step ``name`` as the statement sends it, and as a later attempt will
+    read it back (tuples become lists, keys text): what ``step()`` returns either way.
+    Not JSON: ``BadInput`` naming the step, so the handler raises it and nothing is stored."""
+    where = f"job {job_id}: step {name!r} returned"
+    try:
+        text = _JSON.encode(output)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise BadInput(
+            f"{where} {type(output).__name__}, which is not JSON ({exc}); return a JSON value"
+        ) from None
+    if "\\u0000" in text:
+        raise BadInput(f"{where} text with a NUL character (\\u0000), which jsonb cannot store")
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInput(f"{where} text that is not valid UTF-8 (lone surrogates)") from None
+    return Jsonb(output, dumps=lambda _: data), json.loads(text)
+
+
+def put_params(job_id: int, fence: int, name: str, output: Jsonb) -> dict[str, Any]:
+    return {"job": job_id, "fence": fence, "name": name, "output": output}
+
+
+def refused(job_id: int, fence: int, name: str) -> LeaseLost:
+    """What a step whose write the claim check refused raises."""
+    return LeaseLost(
+        f"job {job_id}: step {name!r} was not stored: the claim with fence {fence} is over "
+        "(taken over, cancelled, failed, reaped or its lease ran out); discard this work"
+    )
+
+
+def stale(job_id: int, fence: int, name: str) -> LeaseLost:
+    """What a step of a job already known lost raises, with no round trip."""
+    return LeaseLost(f"job {job_id}: fence {fence} is stale; step {name!r} not run")
+
+
+def missing(exc: psycopg.errors.UndefinedTable) -> NotInstalled | None:
+    """A missing ``pgqueue_steps`` as a one-line error (None: another table is missing)."""
+    if "pgqueue_steps" not in str(exc):
+        return None
+    return NotInstalled(
+        "pgqueue_steps does not exist: this database was installed by an older pgqueue; "
+        "run `pgqueue init` (or Queue.install()) to add it"
+    )
