@@ -7,6 +7,7 @@ in one line and stores nothing."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -315,3 +316,18 @@ def test_install_adds_the_result_column_to_an_older_table(empty_dsn: str) -> Non
         (None,),
         ({"kept": [1, 2]},),
     ]
+
+
+def test_pgqueue_show_prints_the_result(queue: Queue) -> None:
+    from test_cli import pgqueue
+
+    job_id = queue.enqueue({}, queue="q")
+    [job] = queue.claim("q")
+    assert queue.complete(job, {"rows": 3, "name": "é"})
+    dsn = queue.conn.info.dsn
+    shown = pgqueue("show", str(job_id), dsn=dsn)
+    assert shown.returncode == 0, shown.stderr
+    # jsonb keeps no key order: shorter keys first
+    assert 'result        {"name": "\\u00e9", "rows": 3}' in shown.stdout.splitlines()
+    as_json = pgqueue("show", str(job_id), "--json", dsn=dsn)
+    assert json.loads(as_json.stdout)["result"] == {"rows": 3, "name": "é"}
