@@ -838,7 +838,10 @@ class Engine:
             try:
                 queue = await self._writes_link.get()
                 if action == "complete":
-                    ok = await queue.complete(job, claim.result)  # type: ignore[arg-type]
+                    if claim.result is None:  # the common case: the call as before results
+                        ok = await queue.complete(job)  # type: ignore[arg-type]
+                    else:
+                        ok = await queue.complete(job, claim.result)  # type: ignore[arg-type]
                 elif action == "fail":
                     assert failure is not None
                     ok = await queue.fail(
@@ -905,9 +908,11 @@ class Engine:
         self._buffer = [(c, t) for c, t in self._buffer if id(c) not in due]
         try:
             queue = await self._writes_link.get()
-            results = [c.result for c in claims]
-            stored = results if any(r is not None for r in results) else None  # none: cheaper
-            done = await queue.complete_many([c.job for c in claims], stored)  # type: ignore[misc]
+            jobs, results = [c.job for c in claims], [c.result for c in claims]
+            if any(r is not None for r in results):
+                done = await queue.complete_many(jobs, results)  # type: ignore[arg-type]
+            else:  # no result in the batch: the statement without them, as before results
+                done = await queue.complete_many(jobs)  # type: ignore[arg-type]
             rejected = {key_of(j) for j in done}
         except (psycopg.Error, ConnectError):
             await self._writes_link.drop()
