@@ -20,6 +20,7 @@ from .errors import (
     FenceConflict,
     GiveUp,
     InstallBlocked,
+    JobFailed,
     KeyRace,
     LeaseLost,
     NotInstalled,
@@ -30,7 +31,7 @@ from .errors import (
 from .events import Event, EventLog
 from .fencing import async_fenced_write, fenced_write
 from .job import Job
-from .params import LeftDead, Retried
+from .params import MAX_RESULT_BYTES, LeftDead, Retried
 from .queue import JobState, Limit, Queue, Reaped
 from .server import EmbeddedServer, default_server
 from .steps import StepState
@@ -45,6 +46,7 @@ __version__ = "0.1.0"
 logging.getLogger("pgqueue").addHandler(logging.NullHandler())
 
 __all__ = [
+    "MAX_RESULT_BYTES",
     "AsyncJob",
     "AsyncQueue",
     "AsyncWorker",
@@ -57,6 +59,7 @@ __all__ = [
     "GiveUp",
     "InstallBlocked",
     "Job",
+    "JobFailed",
     "JobState",
     "KeyRace",
     "LeaseLost",

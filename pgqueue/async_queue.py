@@ -44,11 +44,14 @@ from .params import (
     _KEY_TRIES,
     _SLOT_TRIES,
     COPY_TYPES,
+    RESULT_POLL,
     Retried,
     _beat,
     _beat_many,
     _claim_args,
     _ClaimRoute,
+    _complete_many_params,
+    _complete_params,
     _completed_many,
     _copy_rows,
     _ended,
@@ -67,6 +70,9 @@ from .params import (
     _prune_args,
     _Pruning,
     _reserved,
+    _result_args,
+    _result_of,
+    _result_wait,
     _retried,
     _retry_dead_plan,
     _schedule_clock,
@@ -82,7 +88,9 @@ AsyncCursor = psycopg.AsyncCursor[Any]
 # while its last statement was in flight, so its arrays run to thousands of ids, and a
 # prepared statement's generic plan (chosen after five calls) cannot see their length.
 # Measured: complete_many of 3,000 ids, 3.3 s with the generic plan, 33 ms planned.
-_PLANNED_EACH_CALL = frozenset({"complete_many", "heartbeat_many"})
+_PLANNED_EACH_CALL = frozenset({"complete_many", "complete_many_results", "heartbeat_many"})
+
+_NOT_PREPARED = frozenset({"listen_done", "unlisten_done"})  # utility statements
 
 
 async def async_connect(
@@ -336,16 +344,21 @@ class AsyncQueue:
         kept = await self._all("heartbeat_many", params)
         return _beat_many(jobs, kept, deadline)  # type: ignore[return-value]
 
-    async def complete(self, job: AsyncJob) -> bool:
-        """Mark the job done; False (and ``job.lost``) if its fence is stale."""
-        params = {"id": job.id, "fence": job.fence}
-        return _ended(job, (await self._run("complete", params)).rowcount == 1, "done")
+    async def complete(self, job: AsyncJob, result: object = None) -> bool:
+        """``Queue.complete``: mark the job done, storing ``result`` in the same fenced
+        statement; False (and ``job.lost``) if its fence is stale."""
+        name, params = _complete_params(job, result)
+        return _ended(job, (await self._run(name, params)).rowcount == 1, "done")
 
-    async def complete_many(self, jobs: Sequence[AsyncJob]) -> list[AsyncJob]:
-        """Mark many jobs done in one fenced statement; return the ones rejected (marked)."""
+    async def complete_many(
+        self, jobs: Sequence[AsyncJob], results: Sequence[object] | None = None
+    ) -> list[AsyncJob]:
+        """Mark many jobs done in one fenced statement, with their ``results`` if given;
+        return the ones rejected (marked)."""
         if not jobs:
             return []
-        done = await self._all("complete_many", _held(jobs))
+        name, params = _complete_many_params(jobs, results)
+        done = await self._all(name, params)
         return _completed_many(jobs, done)  # type: ignore[return-value]
 
     async def fail(
@@ -385,7 +398,7 @@ class AsyncQueue:
     # -- housekeeping ----------------------------------------------------------------
     async def reap(self) -> list[Reaped]:
         """Return jobs with expired leases to ``ready`` (or ``dead``); safe to run anywhere."""
-        return [Reaped(*row) for row in await self._all("reap", {})]
+        return [Reaped(*row[:4]) for row in await self._all("reap", {})]
 
     async def retry_dead(
         self, queue: str | None = None, *, ids: Sequence[int] | None = None, extra: int = 1
@@ -404,6 +417,41 @@ class AsyncQueue:
                 if self.conn.info.transaction_status != TransactionStatus.IDLE:
                     raise  # inside a transaction of yours, which is now aborted
         raise race
+
+    async def result(
+        self,
+        job_id: int,
+        *,
+        timeout: float | None = None,
+        poll_interval: float = RESULT_POLL,
+        listen: bool = True,
+    ) -> Any:
+        """``Queue.result``: wait for the job to finish (a notification wakes it, polling
+        is the fallback) and return its stored result; ``JobFailed`` for a dead or cancelled
+        job, ``TimeoutError`` past ``timeout`` seconds."""
+        job_id, deadline, poll = _result_args(job_id, timeout, poll_interval)
+        conn = self.conn
+        hear = listen and not self.pgbouncer and conn.autocommit
+        hear = hear and conn.info.transaction_status == TransactionStatus.IDLE
+        if hear:
+            await self._run("listen_done", {})
+        try:
+            mine = str(job_id)
+            while True:
+                row = await self._one("result", {"id": job_id})
+                done, value = _result_of(job_id, row)
+                if done:
+                    return value
+                wait = _result_wait(job_id, deadline, poll, value)
+                if not hear:
+                    await asyncio.sleep(wait)
+                    continue
+                async for note in conn.notifies(timeout=wait):
+                    if note.payload == mine:
+                        break
+        finally:
+            if hear and not conn.closed:
+                await self._run("unlisten_done", {})
 
     async def get(self, job_id: int) -> JobState | None:
         """The job with this id as it is now, or None if there is none."""
@@ -474,7 +522,7 @@ class AsyncQueue:
     async def _run(
         self, name: str, params: dict[str, Any], conn: psycopg.AsyncConnection | None = None
     ) -> AsyncCursor:
-        prepare = False if name in _PLANNED_EACH_CALL else self._prepare
+        prepare = False if name in _PLANNED_EACH_CALL or name in _NOT_PREPARED else self._prepare
         try:
             query = statements.query(name)
             return await (conn or self.conn).execute(query, params, prepare=prepare)

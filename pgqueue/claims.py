@@ -33,3 +33,4 @@ class Claim:
     started: float | None = None  # time.monotonic() when the handler began
     timeout: float | None = None  # this job's (its task's, else the worker's)
     expiry_seen: bool = False  # its lease running out here was reported
+    result: str | None = None  # the handler's return value as JSON text, to store with it

@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("ids", type=int, nargs="+", metavar="ID", help="job ids")
 
-    p = command("show", cmd_show, "one job as it is now, with its durable steps")
+    p = command("show", cmd_show, "one job as it is now, with its result and durable steps")
     p.add_argument("id", type=int, metavar="ID", help="job id")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -494,7 +494,7 @@ def cmd_show(args: argparse.Namespace) -> None:
         print(json.dumps(fields, default=str))
         return
     for name, value in fields.items():
-        print(f"{name:<13} {json.dumps(value) if name == 'payload' else value}")
+        print(f"{name:<13} {json.dumps(value) if name in ('payload', 'result') else value}")
     # The durable steps it stored (Job.step), oldest first: name, fence, when.
     print(f"{'steps':<13} {len(steps)}")
     for step in steps:

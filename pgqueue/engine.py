@@ -53,9 +53,11 @@ from .handlers import (
     Failure,
     HandlerConnection,
     LaneJob,
+    Outcome,
     describe,
     failure_of,
     is_coroutine_function,
+    outcome_of,
 )
 from .job import Job
 from .lanes import RELEASED, SKIPPED, PlainLanes
@@ -556,15 +558,17 @@ class Engine:
         try:
             self.seams._gate()
             if self._begin(claim):
-                failure = await self._call(claim)
+                outcome = await self._call(claim)
                 self.seams._gate()  # a freeze during the handler ends here
                 if self._own_finish(claim):
-                    if failure is not None:
-                        await self._finish(claim, "fail", failure)
-                    elif self.options.complete_in_batches:
-                        self._buffer.append((claim, time.monotonic()))
+                    if isinstance(outcome, Failure):
+                        await self._finish(claim, "fail", outcome)
                     else:
-                        await self._finish(claim, "complete")
+                        claim.result = outcome.result if outcome is not None else None
+                        if self.options.complete_in_batches:
+                            self._buffer.append((claim, time.monotonic()))
+                        else:
+                            await self._finish(claim, "complete")
             claim.batch.left -= 1
             if claim.batch.left == 0:
                 self._flush_soon()  # the batch is over: its completions go now, together
@@ -589,8 +593,9 @@ class Engine:
         self._record(claim.lane, "skipped", claim.job, "lease lost before it started")
         return False
 
-    async def _call(self, claim: Claim) -> Failure | None:
-        """Run an async handler as a task of its own; None on success, else how it failed.
+    async def _call(self, claim: Claim) -> Outcome:
+        """Run an async handler as a task of its own; how it ended (a ``Failure``, a
+        ``Done`` with its result, or None).
         Past its timeout the job is lost at once and the handler cancelled."""
         job = claim.job
         handler = asyncio.create_task(self._call_async(job), name=f"pgqueue-{claim.lane}-h")
@@ -631,12 +636,10 @@ class Engine:
         claim.started = time.monotonic()
         return None
 
-    def _run_plain(
-        self, claim: Claim, connection: Callable[[], psycopg.Connection]
-    ) -> Failure | None:
-        failure = self._call_plain(claim.job, claim.lane, connection)
+    def _run_plain(self, claim: Claim, connection: Callable[[], psycopg.Connection]) -> Outcome:
+        outcome = self._call_plain(claim.job, claim.lane, connection)
         self.seams._gate()  # a freeze during the handler ends here
-        return failure
+        return outcome
 
     def _plain_woke(self) -> None:
         """On a lane thread: outcomes are waiting for the loop."""
@@ -650,7 +653,7 @@ class Engine:
         if self._wants_jobs():
             self._bell.ring()
 
-    def _ended(self, claim: Claim, outcome: Failure | None) -> None:
+    def _ended(self, claim: Claim, outcome: Outcome) -> None:
         if outcome is SKIPPED:
             if self.claims.get((claim.job.id, claim.job.fence)) is claim:
                 self._drop(claim)
@@ -660,12 +663,14 @@ class Engine:
                 self._spawn_finish(claim, "release")
             return
         elif self._own_finish(claim):
-            if outcome is not None:
+            if isinstance(outcome, Failure):
                 self._spawn_finish(claim, "fail", outcome)
-            elif self.options.complete_in_batches:
-                self._buffer.append((claim, time.monotonic()))
             else:
-                self._spawn_finish(claim, "complete")
+                claim.result = outcome.result if outcome is not None else None
+                if self.options.complete_in_batches:
+                    self._buffer.append((claim, time.monotonic()))
+                else:
+                    self._spawn_finish(claim, "complete")
         claim.batch.left -= 1
         if claim.batch.left == 0:
             self._flush_soon()
@@ -701,9 +706,10 @@ class Engine:
 
     def _call_plain(
         self, job: Job, lane: str, connection: Callable[[], psycopg.Connection]
-    ) -> Failure | None:
+    ) -> Outcome:
         """On a lane thread: the plain handler, with the lane's connection as ``job.conn``
-        (opened if it asks). The thread takes the lane's name meanwhile (logs, py-spy)."""
+        (opened if it asks), and its return value encoded as JSON here, off the loop. The
+        thread takes the lane's name meanwhile (logs, py-spy)."""
         threading.current_thread().name = f"pgqueue-{lane}"
         assert isinstance(job, LaneJob)
         job._open = connection
@@ -720,13 +726,14 @@ class Engine:
                 "TypeError: a plain handler returned an awaitable: make it async def "
                 "(the worker awaits those) or return a value"
             )
-        return None
+        return outcome_of(result)
 
-    async def _call_async(self, job: Job) -> Failure | None:
-        """Await the handler and catch whatever it raises; give back its connection (reset;
-        a transaction it left open is rolled back, and fails the job)."""
+    async def _call_async(self, job: Job) -> Outcome:
+        """Await the handler and catch whatever it raises, and encode what it returned as
+        JSON in its task; give back its connection (reset; a transaction it left open is
+        rolled back, and fails the job)."""
         assert isinstance(job, AsyncJob)
-        failure: Failure | None = None
+        failure: Outcome = None
         try:
             result = self.handler(job)
             if not inspect.isawaitable(result):
@@ -740,12 +747,14 @@ class Engine:
                 failure = Failure(
                     "TypeError: the handler returned an awaitable instead of awaiting it"
                 )
+            else:
+                failure = outcome_of(result)
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, CancelledError too
             failure = failure_of(exc)
         conn, job.conn, job.borrow = job.conn, None, None
         pool = self._pool
         if isinstance(conn, AsyncHandlerConnection) and pool and await pool.put(conn):
-            failure = failure or LEFT_OPEN
+            failure = failure if isinstance(failure, Failure) else LEFT_OPEN
         return failure
 
     async def _borrow(self) -> psycopg.AsyncConnection:
@@ -829,7 +838,10 @@ class Engine:
             try:
                 queue = await self._writes_link.get()
                 if action == "complete":
-                    ok = await queue.complete(job)  # type: ignore[arg-type]
+                    if claim.result is None:  # the common case: the call as before results
+                        ok = await queue.complete(job)  # type: ignore[arg-type]
+                    else:
+                        ok = await queue.complete(job, claim.result)  # type: ignore[arg-type]
                 elif action == "fail":
                     assert failure is not None
                     ok = await queue.fail(
@@ -896,7 +908,12 @@ class Engine:
         self._buffer = [(c, t) for c, t in self._buffer if id(c) not in due]
         try:
             queue = await self._writes_link.get()
-            rejected = {key_of(j) for j in await queue.complete_many([c.job for c in claims])}  # type: ignore[misc]
+            jobs, results = [c.job for c in claims], [c.result for c in claims]
+            if any(r is not None for r in results):
+                done = await queue.complete_many(jobs, results)  # type: ignore[arg-type]
+            else:  # no result in the batch: the statement without them, as before results
+                done = await queue.complete_many(jobs)  # type: ignore[arg-type]
+            rejected = {key_of(j) for j in done}
         except (psycopg.Error, ConnectError):
             await self._writes_link.drop()
             for claim in claims:  # one by one; the batch may have committed before the cut

@@ -50,6 +50,18 @@ class FenceConflict(PgQueueError):
     comparable, so nothing was written. Key the row by job, or use one job per row."""
 
 
+class JobFailed(PgQueueError):
+    """``Queue.result``: the job ended without a result, ``status`` 'dead' (its attempts
+    used, or GiveUp) or 'cancelled'; ``last_error`` says why (None if nothing was recorded)."""
+
+    def __init__(self, job_id: int, status: str, last_error: str | None) -> None:
+        self.job_id = job_id
+        self.status = status
+        self.last_error = last_error
+        why = (last_error or "").strip().splitlines()[:1] or ["no error recorded"]
+        super().__init__(f"job {job_id} is {status}: {why[0]}")
+
+
 class GiveUp(Exception):
     """Raise from a handler to send its job dead now, whatever attempts are left."""
 

@@ -16,8 +16,9 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from .db import first_line
-from .errors import GiveUp, RetryAfter, retry_delay
+from .errors import BadInput, GiveUp, RetryAfter, retry_delay
 from .job import Job
+from .params import JsonText, result_text
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,31 @@ class Failure:
     error: str
     delay: float | None = None  # RetryAfter
     give_up: bool = False  # GiveUp
+
+
+@dataclass(frozen=True)
+class Done:
+    """A handler that returned a value to store with its job: that value's JSON text."""
+
+    result: JsonText
+
+
+Outcome = Failure | Done | None  # how a handler ended; None: it returned None
+
+
+def outcome_of(value: object) -> Outcome:
+    """What a handler's return value does to its job: None stores nothing, else its JSON
+    text is stored (encoded here, on the handler's lane thread or in its task). A value
+    that cannot be stored (not JSON, over ``MAX_RESULT_BYTES``) sends the job dead at once:
+    the handler would return it again, and its side effects would run again for nothing."""
+    if value is None:
+        return None
+    try:
+        text = result_text(value)
+    except BadInput as exc:
+        return Failure(describe(exc), give_up=True)
+    assert text is not None
+    return Done(text)
 
 
 def describe(exc: BaseException) -> str:

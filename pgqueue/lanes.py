@@ -22,13 +22,13 @@ from collections.abc import Callable
 import psycopg
 
 from .claims import Claim
-from .handlers import LEFT_OPEN, Failure, HandlerConnection, failure_of, reset
+from .handlers import LEFT_OPEN, Failure, HandlerConnection, Outcome, failure_of, reset
 
 # Outcomes of a job that was not started: lost before its turn, or the worker is stopping.
 SKIPPED = Failure("skipped")
 RELEASED = Failure("released")
 
-Run = Callable[[Claim, Callable[[], psycopg.Connection]], Failure | None]
+Run = Callable[[Claim, Callable[[], psycopg.Connection]], Outcome]
 
 
 class Lane:
@@ -44,7 +44,8 @@ class Lane:
 class PlainLanes:
     """``concurrency`` threads taking plain jobs from ``waiting`` (a deque the engine's
     dispatcher fills): each runs ``start(claim)`` (an outcome instead: do not run it) then
-    ``run(claim, connection)`` and leaves ``(claim, outcome)`` in ``done``; ``wake()`` is
+    ``run(claim, connection)`` and leaves ``(claim, outcome)`` in ``done`` (a ``Failure``,
+    a ``Done`` carrying the result's JSON, or None); ``wake()`` is
     called on the first outcome after the engine last emptied the box."""
 
     def __init__(
@@ -62,7 +63,7 @@ class PlainLanes:
         self.name = name
         self.concurrency = concurrency
         self.waiting: deque[Claim] = deque()
-        self.done: list[tuple[Claim, Failure | None]] = []
+        self.done: list[tuple[Claim, Outcome]] = []
         self.busy = 0
         self.open = True  # False: take no more jobs (stopping)
         self._start = start
@@ -86,7 +87,7 @@ class PlainLanes:
                     self._spawn()
             self._cond.notify(len(claims))
 
-    def take_done(self) -> list[tuple[Claim, Failure | None]]:
+    def take_done(self) -> list[tuple[Claim, Outcome]]:
         """The outcomes that came in since the last call."""
         with self._cond:
             done, self.done = self.done, []
@@ -162,7 +163,7 @@ class PlainLanes:
 
         try:
             while (claim := self._next(lane)) is not None:
-                outcome: Failure | None = self._start(claim)
+                outcome: Outcome = self._start(claim)
                 if outcome is None:
                     try:
                         outcome = self._run(claim, connection)
@@ -174,7 +175,7 @@ class PlainLanes:
                             with contextlib.suppress(Exception):
                                 conn.close()
                             conn = None
-                        if left_open and outcome is None:
+                        if left_open and not isinstance(outcome, Failure):
                             outcome = LEFT_OPEN
                 with self._cond:
                     if lane.retired:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -15,7 +16,15 @@ from psycopg.types.json import Jsonb
 
 from . import steps
 from .db import first_line
-from .errors import MAX_RETRY_DELAY, BadInput, KeyRace, NotInstalled, PgQueueError, SlotRace
+from .errors import (
+    MAX_RETRY_DELAY,
+    BadInput,
+    JobFailed,
+    KeyRace,
+    NotInstalled,
+    PgQueueError,
+    SlotRace,
+)
 from .job import Job
 
 MAX_LEASE = 7 * 24 * 3600.0  # seconds; longer leases are a mistake, not a choice
@@ -29,6 +38,11 @@ _SLOT_TRIES = 5  # claims racing for a group's slot: each new try sees the slots
 COPY_FROM = 2_000  # payloads; enqueue_many uses COPY from this many on (INSERT is as fast below)
 # One encoder for every payload: json.dumps with options builds a new one per call.
 _JSON = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
+# A handler's return value is stored with its job up to this many bytes of JSON text
+# (UTF-8); above it the job fails and nothing is stored: a bigger result belongs elsewhere
+# (a table or object store of yours), with a reference to it returned.
+MAX_RESULT_BYTES = 1 << 20
+RESULT_POLL = 0.5  # seconds between Queue.result's reads when no notification comes
 
 
 PREPARED_UP_TO = 100  # ids; larger arrays are planned at each call (see _prepare_many)
@@ -184,6 +198,96 @@ def _jsonb(payload: object, *, index: int | None = None) -> Jsonb:
     except UnicodeEncodeError:
         raise BadInput(f"{where} contains text that is not valid UTF-8 (lone surrogates)") from None
     return Jsonb(payload, dumps=lambda _: data)
+
+
+class JsonText(str):
+    """A result already encoded by ``result_text`` (a worker's lane did it): sent as is."""
+
+
+def result_text(value: object) -> JsonText | None:
+    """A return value as the JSON text stored with its job (None: store NULL), or
+    ``BadInput`` in one line: not JSON-serialisable, or over ``MAX_RESULT_BYTES``."""
+    if value is None or isinstance(value, JsonText):
+        return value
+    try:
+        text = _JSON.encode(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        name = type(value).__name__
+        raise BadInput(f"the return value ({name}) is not JSON-serialisable: {exc}") from None
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise BadInput("the return value holds text that is not UTF-8 (lone surrogates)") from None
+    if size > MAX_RESULT_BYTES:
+        raise BadInput(
+            f"the return value is {size:,} bytes of JSON, over the {MAX_RESULT_BYTES:,}-byte cap "
+            "(pgqueue.MAX_RESULT_BYTES): store it elsewhere and return a reference"
+        )
+    if "\\u0000" in text:
+        raise BadInput("the return value contains a NUL character (\\u0000): jsonb cannot hold it")
+    return JsonText(text)
+
+
+def _complete_params(job: Job, result: object) -> tuple[str, dict[str, Any]]:
+    """Which complete statement, with what: the one that stores nothing if ``result`` is None."""
+    params: dict[str, Any] = {"id": job.id, "fence": job.fence}
+    text = result_text(result)
+    if text is None:
+        return "complete", params
+    params["result"] = text
+    return "complete_result", params
+
+
+def _complete_many_params(
+    jobs: Sequence[Job], results: Sequence[object] | None
+) -> tuple[str, dict[str, Any]]:
+    """complete_many's name and arrays; a batch with no result sends no third array."""
+    params: dict[str, Any] = _held(jobs)
+    if results is None:
+        return "complete_many", params
+    if len(results) != len(jobs):
+        raise BadInput(f"complete_many got {len(results)} results for {len(jobs)} jobs")
+    texts = [result_text(r) for r in results]
+    if all(t is None for t in texts):
+        return "complete_many", params
+    params["results"] = texts
+    return "complete_many_results", params
+
+
+def _result_of(job_id: int, row: tuple[Any, ...] | None) -> tuple[bool, Any]:
+    """``result``'s reply: (True, the stored result) for a done job, (False, its status)
+    for one not finished; ``JobFailed`` for a dead or cancelled one, ``BadInput`` for none."""
+    if row is None:
+        raise BadInput(f"there is no job {job_id} (never enqueued, or pruned)")
+    status, result, last_error = row
+    if status == "done":
+        return True, result
+    if status in ("dead", "cancelled"):
+        raise JobFailed(job_id, status, last_error)
+    return False, status
+
+
+def _result_args(
+    job_id: object, timeout: object, poll_interval: object
+) -> tuple[int, float | None, float]:
+    """``Queue.result``'s arguments checked: the id, the deadline (monotonic; None: wait
+    for ever) and the seconds between reads."""
+    deadline = None if timeout is None else time.monotonic() + _seconds("timeout", timeout)
+    poll = _seconds("poll_interval", poll_interval)
+    if poll <= 0:
+        raise BadInput(f"poll_interval is seconds, > 0, got {poll_interval!r}")
+    return _job_id(job_id), deadline, poll
+
+
+def _result_wait(job_id: int, deadline: float | None, poll_interval: float, status: str) -> float:
+    """How long ``Queue.result`` may wait before reading again; ``TimeoutError`` past the
+    deadline."""
+    if deadline is None:
+        return poll_interval
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError(f"job {job_id} did not finish in time (it is {status})")
+    return min(left, poll_interval)
 
 
 def _held(jobs: Sequence[Job]) -> dict[str, list[int]]:
@@ -440,7 +544,7 @@ def _failed(job: Job, row: tuple[Any, ...] | None) -> bool:
     job.mark_lost()
     if row is None:
         return False
-    job.status, retry_in = row
+    job.status, retry_in = row[:2]
     job.retry_in = None if job.status == "dead" else max(0.0, float(retry_in))
     return True
 

@@ -37,11 +37,14 @@ from .params import (
     _KEY_TRIES,
     _SLOT_TRIES,
     COPY_TYPES,
+    RESULT_POLL,
     Retried,
     _beat,
     _beat_many,
     _claim_args,
     _ClaimRoute,
+    _complete_many_params,
+    _complete_params,
     _completed_many,
     _copy_rows,
     _ended,
@@ -61,6 +64,9 @@ from .params import (
     _prune_args,
     _Pruning,
     _reserved,
+    _result_args,
+    _result_of,
+    _result_wait,
     _retried,
     _retry_dead_plan,
     _stats_rows,
@@ -105,6 +111,7 @@ class JobState(NamedTuple):
     finished_at: datetime | None
     last_error: str | None
     group_key: str | None  # enqueue's group: limited together by the queue's per-group limit
+    result: Any = None  # what the handler returned (done jobs; None: nothing)
 
 
 class ScheduleState(NamedTuple):
@@ -368,16 +375,22 @@ class Queue:
         cur = self._run("heartbeat_many", params, prepare=_prepare_many(self._prepare, jobs))
         return _beat_many(jobs, cur.fetchall(), deadline)
 
-    def complete(self, job: Job) -> bool:
-        """Mark the job done; False (and ``job.lost``) if its fence is stale."""
-        params = {"id": job.id, "fence": job.fence}
-        return _ended(job, self._run("complete", params).rowcount == 1, "done")
+    def complete(self, job: Job, result: object = None) -> bool:
+        """Mark the job done, storing ``result`` (JSON, at most ``MAX_RESULT_BYTES``; None
+        stores nothing) in the same fenced statement; False (and ``job.lost``) if its fence
+        is stale, and then nothing is stored. ``BadInput`` for a result it cannot store."""
+        name, params = _complete_params(job, result)
+        return _ended(job, self._run(name, params).rowcount == 1, "done")
 
-    def complete_many(self, jobs: Sequence[Job]) -> list[Job]:
-        """Mark many jobs done in one fenced statement; return the ones rejected (marked)."""
+    def complete_many(
+        self, jobs: Sequence[Job], results: Sequence[object] | None = None
+    ) -> list[Job]:
+        """Mark many jobs done in one fenced statement, each with its result if ``results``
+        (one per job, None: nothing) is given; return the ones rejected (marked)."""
         if not jobs:
             return []
-        cur = self._run("complete_many", _held(jobs), prepare=_prepare_many(self._prepare, jobs))
+        name, params = _complete_many_params(jobs, results)
+        cur = self._run(name, params, prepare=_prepare_many(self._prepare, jobs))
         return _completed_many(jobs, cur.fetchall())
 
     def fail(
@@ -425,7 +438,7 @@ class Queue:
     # -- housekeeping ----------------------------------------------------------------
     def reap(self) -> list[Reaped]:
         """Return jobs with expired leases to ``ready`` (or ``dead``); safe to run anywhere."""
-        return [Reaped(*row) for row in self._run("reap", {}).fetchall()]
+        return [Reaped(*row[:4]) for row in self._run("reap", {}).fetchall()]
 
     def retry_dead(
         self, queue: str | None = None, *, ids: Sequence[int] | None = None, extra: int = 1
@@ -448,6 +461,43 @@ class Queue:
                 if self.conn.info.transaction_status != TransactionStatus.IDLE:
                     raise  # inside a transaction of yours, which is now aborted
         raise race
+
+    def result(
+        self,
+        job_id: int,
+        *,
+        timeout: float | None = None,
+        poll_interval: float = RESULT_POLL,
+        listen: bool = True,
+    ) -> Any:
+        """Wait for the job to finish and return what its handler returned (None if it
+        returned nothing). ``JobFailed`` (with ``last_error``) if it went dead or was
+        cancelled; ``TimeoutError`` after ``timeout`` seconds (None: wait for ever). It
+        hears the job end through a notification (LISTEN pgqueue_done), within
+        milliseconds, and reads the row every ``poll_interval`` seconds as well; behind
+        PgBouncer, inside a transaction of yours or with ``listen=False`` it polls only."""
+        job_id, deadline, poll = _result_args(job_id, timeout, poll_interval)
+        conn = self.conn
+        hear = listen and not self.pgbouncer and conn.autocommit
+        hear = hear and conn.info.transaction_status == TransactionStatus.IDLE
+        if hear:
+            self._run("listen_done", {}, prepare=False)
+        try:
+            mine = str(job_id)
+            while True:
+                done, value = _result_of(job_id, self._run("result", {"id": job_id}).fetchone())
+                if done:
+                    return value
+                wait = _result_wait(job_id, deadline, poll, value)
+                if not hear:
+                    time.sleep(wait)
+                    continue
+                for note in conn.notifies(timeout=wait):
+                    if note.payload == mine:
+                        break
+        finally:
+            if hear and not conn.closed:
+                self._run("unlisten_done", {}, prepare=False)
 
     def get(self, job_id: int) -> JobState | None:
         """The job with this id as it is now, or None if there is none."""

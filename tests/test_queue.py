@@ -72,8 +72,23 @@ TESTED_QUERIES = {
     "step_get",
     "step_put",
     "steps",
+    # results, in tests/test_results.py
+    "complete_result",
+    "complete_many_results",
+    "result",
+    "listen_done",
+    "unlisten_done",
 }
-FENCED = {"heartbeat", "heartbeat_many", "complete", "complete_many", "fail", "release"}
+FENCED = {
+    "heartbeat",
+    "heartbeat_many",
+    "complete",
+    "complete_many",
+    "complete_result",
+    "complete_many_results",
+    "fail",
+    "release",
+}
 
 
 def job_row(dsn: str, job_id: int) -> dict:

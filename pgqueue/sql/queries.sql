@@ -241,10 +241,20 @@ FROM jobs JOIN held ON jobs.id = held.id AND jobs.fence = held.fence
 WHERE jobs.status = 'running' AND jobs.id NOT IN (SELECT id FROM free);
 
 -- name: complete
--- Mark one job done, only if the caller still holds its fence.
+-- Mark one job done, only if the caller still holds its fence. Every statement that ends a
+-- job (done, dead, cancelled) sends its id on pgqueue_done at commit: what Queue.result
+-- waits for (one notification per job; identical ones within a transaction fold).
 UPDATE jobs
 SET status = 'done', lease_until = NULL, finished_at = now()
-WHERE id = %(id)s AND fence = %(fence)s AND status = 'running';
+WHERE id = %(id)s AND fence = %(fence)s AND status = 'running'
+RETURNING pg_notify('pgqueue_done', id::text);
+
+-- name: complete_result
+-- complete, storing the handler's return value (JSON text made by the worker) with the job.
+UPDATE jobs
+SET status = 'done', lease_until = NULL, finished_at = now(), result = %(result)s::jsonb
+WHERE id = %(id)s AND fence = %(fence)s AND status = 'running'
+RETURNING pg_notify('pgqueue_done', id::text);
 
 -- name: complete_many
 -- Mark many jobs done in one fenced statement; returns the (id, fence) pairs that took effect.
@@ -252,7 +262,17 @@ UPDATE jobs
 SET status = 'done', lease_until = NULL, finished_at = now()
 FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS held(id, fence)
 WHERE jobs.id = held.id AND jobs.fence = held.fence AND jobs.status = 'running'
-RETURNING jobs.id, jobs.fence;
+RETURNING jobs.id, jobs.fence, pg_notify('pgqueue_done', jobs.id::text);
+
+-- name: complete_many_results
+-- complete_many with each job's return value (NULL: none) beside its id and fence: a
+-- stale holder's result is refused with its completion, never written over the new one's.
+UPDATE jobs
+SET status = 'done', lease_until = NULL, finished_at = now(), result = held.result::jsonb
+FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(results)s::text[])
+  AS held(id, fence, result)
+WHERE jobs.id = held.id AND jobs.fence = held.fence AND jobs.status = 'running'
+RETURNING jobs.id, jobs.fence, pg_notify('pgqueue_done', jobs.id::text);
 
 -- name: fail
 -- Record an error; retry after %(delay)s seconds if given, else %(backoff)s * 2^attempts
@@ -268,7 +288,8 @@ SET status      = CASE WHEN %(give_up)s OR attempts >= max_attempts THEN 'dead' 
     last_error  = %(error)s,
     finished_at = CASE WHEN %(give_up)s OR attempts >= max_attempts THEN now() END
 WHERE id = %(id)s AND fence = %(fence)s AND status = 'running'
-RETURNING status, extract(epoch FROM run_at - now())::float8 AS retry_in;
+RETURNING status, extract(epoch FROM run_at - now())::float8 AS retry_in,
+          CASE WHEN status = 'dead' THEN pg_notify('pgqueue_done', id::text) END;
 
 -- name: release
 -- Hand a claimed but unstarted job back (graceful stop): the attempt is given back, the
@@ -298,7 +319,8 @@ WHERE id IN (
     FOR NO KEY UPDATE SKIP LOCKED
 )
 AND status = 'running' AND lease_until < now()
-RETURNING id, queue, status, fence;
+RETURNING id, queue, status, fence,
+          CASE WHEN status = 'dead' THEN pg_notify('pgqueue_done', id::text) END;
 
 -- name: holds
 -- Whether job %(job)s is still held with fence %(fence)s: running, that fence, and a lease
@@ -399,15 +421,26 @@ UPDATE jobs AS j
 SET status = 'cancelled', fence = j.fence + 1, lease_until = NULL, finished_at = now()
 FROM (SELECT id, status FROM jobs WHERE id = %(id)s FOR UPDATE) AS before
 WHERE j.id = before.id AND before.status IN ('ready', 'running')
-RETURNING before.status;
+RETURNING before.status, pg_notify('pgqueue_done', j.id::text);
 
 -- name: get
 -- One job as it is now, by id (for inspection, and to learn how a write whose reply was
 -- lost ended).
 SELECT id, queue, status, payload, priority, key, attempts, max_attempts, fence, run_at,
-       lease_until, started_at, finished_at, last_error, group_key
+       lease_until, started_at, finished_at, last_error, group_key, result
 FROM jobs
 WHERE id = %(id)s;
+
+-- name: result
+-- What Queue.result reads: a job's status, its stored result and its last error.
+SELECT status, result, last_error FROM jobs WHERE id = %(id)s;
+
+-- name: listen_done
+-- Hear pgqueue_done: the id of each job as it ends (Queue.result waits on it).
+LISTEN pgqueue_done;
+
+-- name: unlisten_done
+UNLISTEN pgqueue_done;
 
 -- name: stats
 -- Live and dead jobs by queue, read through the partial indexes, so its cost does not grow

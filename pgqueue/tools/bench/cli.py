@@ -49,6 +49,7 @@ from .report import (
     table,
     write_csv,
 )
+from .results import RESULTS_COLUMNS, bench_results
 from .roundtrips import bench_roundtrips
 from .runner import Bench, bench_server
 
@@ -65,6 +66,7 @@ BENCHMARKS = (
     "roundtrips",
     "housekeeping",
     "notify",
+    "results",
 )
 
 
@@ -153,6 +155,7 @@ def run(
             lambda: bench_housekeeping(bench),
         ),
         ("notify", "bench_notify.csv", NOTIFY_COLUMNS, lambda: bench_notify(bench)),
+        ("results", "bench_results.csv", RESULTS_COLUMNS, lambda: bench_results(bench)),
     ]
     for name, filename, columns, func in plan:
         if name not in only:
