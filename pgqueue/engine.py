@@ -99,12 +99,19 @@ class Bell:
         self.generation = 0
         self._waiters: list[asyncio.Future[None]] = []
 
-    def ring(self) -> None:
+    def ring(self, count: int | None = None) -> None:
+        """Wake every waiter, or the ``count`` that waited longest (jobs for that many)."""
         self.generation += 1
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.done():
+        woken, left = 0, []
+        for waiter in self._waiters:
+            if waiter.done():  # its timer woke it already
+                continue
+            if count is None or woken < count:
                 waiter.set_result(None)
+                woken += 1
+            else:
+                left.append(waiter)
+        self._waiters = left
 
     async def wait(self, seen: int, timeout: float) -> None:
         if self.generation != seen:
@@ -462,7 +469,7 @@ class Engine:
         after = self.seams._after_claim(claimed)
         if inspect.isawaitable(after):
             await after
-        self._work.ring()
+        self._work.ring(len(self._waiting))  # as many async lanes as jobs wait for them
         return True
 
     def _wants_jobs(self) -> bool:
@@ -477,8 +484,10 @@ class Engine:
         handlers of all lanes but one with async ones (as the AsyncWorker always did). A
         kill re-runs at most that many."""
         o = self.options
-        most = o.batch * o.concurrency if self._plain is not None else o.concurrency + o.batch - 1
-        return most - len(self.claims)
+        if self._plain is not None:
+            return o.batch * o.concurrency - len(self.claims)
+        # (a job whose handler has ended, its completion on its way, holds no slot)
+        return o.concurrency + o.batch - 1 - (len(self.claims) - len(self._finishing))
 
     def _waiting_now(self) -> int:
         return len(self._waiting) + (len(self._plain.waiting) if self._plain else 0)
