@@ -384,7 +384,7 @@ class Engine:
         await self._claims_link.drop()
         await self._writes_link.drop()
 
-    def _give_up(self, exc: BaseException) -> None:
+    def _stop_for(self, exc: BaseException) -> None:
         """Stop the whole worker on an error no retry can mend (a setting is wrong); the
         façade's ``run()`` raises it once the worker has stopped."""
         if self.error is None:
@@ -406,7 +406,7 @@ class Engine:
         except PgQueueError as again:
             if isinstance(again, ConnectError):
                 return False
-            self._give_up(again)
+            self._stop_for(again)
             return True
         except psycopg.Error:
             return False
@@ -1050,30 +1050,28 @@ class Engine:
 
     async def _reaping(self) -> None:
         """Run the reaper every ``reap_interval`` (the first at a random point of the
-        first interval, so workers started together spread out). It shares the claims'
-        connection: its statement skips locked rows, so it never waits for anyone."""
+        first interval, so workers started together spread out). Its statement skips
+        locked rows, so it never waits for anyone."""
         await asyncio.sleep(self.options.reap_interval * random.uniform(0.5, 1.0))
-        while self.phase == Phase.WORKING:
-            try:
-                await self._reap()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                await self._claims_link.drop()
-                if self.phase != Phase.WORKING or await self._broken_setup(exc):
-                    return
-                level = logging.WARNING if isinstance(exc, DISCONNECTS) else logging.ERROR
-                log.log(level, "%s: reaper: %s", self.options.name, describe(exc))
-            await asyncio.sleep(self.options.reap_interval)
+        await self._every(self.options.reap_interval, "reaper", self._reap)
 
     async def _ticking(self) -> None:
         """Tick the periodic tasks about once a second (every worker does: the database's
-        unique key on (schedule, slot) keeps one job per slot). It shares the claims'
-        connection; a job it makes rings the dispatcher."""
+        unique key on (schedule, slot) keeps one job per slot); a job made rings the
+        dispatcher."""
+
+        async def tick() -> None:
+            if await periodic.tick(await self._claims_link.get(), self._schedules):
+                self._bell.ring()
+
+        await self._every(periodic.TICK, "periodic tick", tick)
+
+    async def _every(self, seconds: float, what: str, step: Any) -> None:
+        """Run ``step()`` every ``seconds`` on the claims' connection until the worker
+        stops; an error is logged and the next round comes as usual."""
         while self.phase == Phase.WORKING:
             try:
-                if await periodic.tick(await self._claims_link.get(), self._schedules):
-                    self._bell.ring()
+                await step()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -1081,8 +1079,8 @@ class Engine:
                 if self.phase != Phase.WORKING or await self._broken_setup(exc):
                     return
                 level = logging.WARNING if isinstance(exc, DISCONNECTS) else logging.ERROR
-                log.log(level, "%s: periodic tick: %s", self.options.name, describe(exc))
-            await asyncio.sleep(periodic.TICK)
+                log.log(level, "%s: %s: %s", self.options.name, what, describe(exc))
+            await asyncio.sleep(seconds)
 
     async def _reap(self) -> None:
         queue = await self._claims_link.get()
