@@ -352,6 +352,16 @@ def test_an_older_table_gets_groups_and_limits_from_install(dsn: str) -> None:
 
 
 # -- real worker processes --------------------------------------------------------------------
+def worker_sessions(dsn: str) -> set[str]:
+    """The workers (by application name) with a session on the server now."""
+    found = rows(
+        dsn,
+        "SELECT DISTINCT application_name FROM pg_stat_activity "
+        "WHERE application_name LIKE 'pgqueue worker w%'",
+    )
+    return {name for (name,) in found}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("per_group", [1, 2])
 def test_four_processes_racing_for_slots_never_exceed_the_limit(
@@ -359,10 +369,14 @@ def test_four_processes_racing_for_slots_never_exceed_the_limit(
 ) -> None:
     with Queue(dsn) as q:
         q.limit("q", per_group=per_group)
-        for group in ("a", "b", "c"):
-            q.enqueue_many([{"group": group, "sleep": 0.0}] * 60, queue="q", group=group)
     with Sampler(dsn) as sampler:
         procs = [workers(f"w{i}", "--concurrency", "4", "--poll", "0.01") for i in range(4)]
+        # Every worker is up before any job exists, so they all race for each group (one
+        # that started first could otherwise drain a group alone on a loaded machine).
+        wait_for(lambda: len(worker_sessions(dsn)) == 4, 60, "four workers connected", *procs)
+        with Queue(dsn) as q:
+            for group in ("a", "b", "c"):
+                q.enqueue_many([{"group": group, "sleep": 0.0}] * 60, queue="q", group=group)
         wait_for(lambda: all_done(dsn), 120, "every job done", *procs)
     assert sampler.samples > 10
     assert max(sampler.most.values()) <= per_group, dict(sampler.most)
