@@ -49,7 +49,7 @@ from .report import (
     table,
     write_csv,
 )
-from .results import RESULTS_COLUMNS, bench_results
+from .results import DONE_NOTIFY_COLUMNS, RESULTS_COLUMNS, bench_done_notify, bench_results
 from .roundtrips import bench_roundtrips
 from .runner import Bench, bench_server
 
@@ -67,6 +67,7 @@ BENCHMARKS = (
     "housekeeping",
     "notify",
     "results",
+    "done_notify",
 )
 
 
@@ -156,6 +157,12 @@ def run(
         ),
         ("notify", "bench_notify.csv", NOTIFY_COLUMNS, lambda: bench_notify(bench)),
         ("results", "bench_results.csv", RESULTS_COLUMNS, lambda: bench_results(bench)),
+        (
+            "done_notify",
+            "bench_done_notify.csv",
+            DONE_NOTIFY_COLUMNS,
+            lambda: bench_done_notify(bench),
+        ),
     ]
     for name, filename, columns, func in plan:
         if name not in only:

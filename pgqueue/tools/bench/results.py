@@ -1,19 +1,24 @@
-"""Benchmark: how soon ``Queue.result`` returns after the handler returned, woken by the
-completion's notification (pgqueue_done) against the polling fallback (listen=False)."""
+"""Benchmarks of results: how soon ``Queue.result`` returns after the handler returned,
+woken by the completion's notification (pgqueue_done) against the polling fallback
+(listen=False); and what that notification costs the completions."""
 
 from __future__ import annotations
 
 import random
+import re
+import statistics
 import threading
 import time
 from typing import Any
 
+from ...db import connect
 from ...events import NullEventLog
 from ...job import Job
 from ...params import RESULT_POLL
 from ...queue import Queue
+from ...statements import query
 from ...worker import Worker
-from .runner import QUEUE, Bench, _percentile, _progress
+from .runner import QUEUE, Bench, _count, _percentile, _progress
 
 RESULTS_COLUMNS = [
     "wake",
@@ -89,6 +94,112 @@ def bench_results(bench: Bench, *, jobs: int | None = None) -> list[dict[str, An
                 }
             )
             bar.update()
+    finally:
+        bar.close()
+    return rows
+
+
+DONE_NOTIFY_COLUMNS = [
+    "threads",
+    "batch",
+    "jobs",
+    "runs",
+    "with_notify_jobs_s",
+    "without_notify_jobs_s",
+    "ratio_without_over_with",
+    "ratio_min",
+    "ratio_max",
+]
+
+_NOTIFY = re.compile(r",?\s*pg_notify\('pgqueue_done', (?:jobs\.)?id::text\)")
+
+
+def _without_notify(statement: str) -> str:
+    """The completion statement without its pgqueue_done notification (RETURNING kept)."""
+    bare = _NOTIFY.sub("", statement)
+    return bare.replace("RETURNING;", "RETURNING id;").replace("RETURNING\n", "RETURNING id\n")
+
+
+def _running(dsn: str, n: int) -> None:
+    """An empty table holding ``n`` running jobs of fence 1, as claims would leave them."""
+    with connect(dsn) as conn:
+        conn.execute("TRUNCATE jobs RESTART IDENTITY")
+        conn.execute(
+            "INSERT INTO jobs (queue, payload, status, attempts, fence, lease_until, started_at)"
+            " SELECT %s, '{}'::jsonb, 'running', 1, 1, now() + interval '1 hour', now()"
+            " FROM generate_series(1, %s)",
+            [QUEUE, n],
+        )
+        conn.execute("VACUUM ANALYZE jobs")
+
+
+def completion_rate(dsn: str, *, notify: bool, threads: int, batch: int, jobs: int) -> float:
+    """Jobs completed a second by ``threads`` sessions, each completing its share of ``jobs``
+    running jobs ``batch`` at a time (one autocommit statement, so one commit, each)."""
+    _running(dsn, jobs)
+    single, many = query("complete"), query("complete_many")
+    if not notify:
+        single, many = _without_notify(single), _without_notify(many)
+    ids = list(range(1, jobs + 1))
+    shares = [ids[i::threads] for i in range(threads)]
+    start = threading.Barrier(threads + 1)
+
+    def complete(share: list[int]) -> None:
+        with connect(dsn) as conn:
+            start.wait()
+            for i in range(0, len(share), batch):
+                chunk = share[i : i + batch]
+                if batch == 1:
+                    conn.execute(single, {"id": chunk[0], "fence": 1})
+                else:
+                    conn.execute(many, {"ids": chunk, "fences": [1] * len(chunk)})
+
+    pool = [threading.Thread(target=complete, args=(s,)) for s in shares]
+    for t in pool:
+        t.start()
+    start.wait()
+    began = time.perf_counter()
+    for t in pool:
+        t.join()
+    elapsed = time.perf_counter() - began
+    assert _count(dsn, "done") == jobs, "every job completed once"
+    return jobs / elapsed
+
+
+def bench_done_notify(bench: Bench) -> list[dict[str, Any]]:
+    """What notifying every finished job costs: completion throughput with the statements
+    as shipped (each ending job sends pgqueue_done) against the same statements without the
+    notification, one job or a batch of 50 per statement, 1 and 4 sessions; runs of the two
+    interleaved, the ratio per pair of runs."""
+    runs = 2 if bench.quick else 5
+    dsn = bench.database("bench_done_notify")
+    configs = [(1, 1), (4, 1), (4, 50)]
+    bar = _progress(len(configs) * runs * 2, "done-notify", bench.progress)
+    rows = []
+    try:
+        for threads, batch in configs:
+            jobs = (2_000 if batch == 1 else 20_000) // (2 if bench.quick else 1)
+            with_, without = [], []
+            for _ in range(runs):
+                for notify, into in ((True, with_), (False, without)):
+                    into.append(
+                        completion_rate(dsn, notify=notify, threads=threads, batch=batch, jobs=jobs)
+                    )
+                    bar.update()
+            ratios = [b / a for a, b in zip(with_, without, strict=True)]
+            rows.append(
+                {
+                    "threads": threads,
+                    "batch": batch,
+                    "jobs": jobs,
+                    "runs": runs,
+                    "with_notify_jobs_s": round(statistics.median(with_)),
+                    "without_notify_jobs_s": round(statistics.median(without)),
+                    "ratio_without_over_with": round(statistics.median(ratios), 2),
+                    "ratio_min": round(min(ratios), 2),
+                    "ratio_max": round(max(ratios), 2),
+                }
+            )
     finally:
         bar.close()
     return rows
