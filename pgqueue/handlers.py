@@ -18,7 +18,7 @@ from psycopg.pq import TransactionStatus
 from .db import first_line
 from .errors import BadInput, GiveUp, RetryAfter, retry_delay
 from .job import Job
-from .params import JsonText, result_text
+from .params import JsonText, printable, result_text
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,9 @@ def describe(exc: BaseException) -> str:
         text = first_line(exc) if str(exc).strip() else ""
     except BaseException:  # a user's __str__ can raise anything
         text = "(its message could not be read: its __str__ raised)"
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    # Printable as well as storable: a lone surrogate would make the log line itself fail.
+    return printable(line)
 
 
 def failure_of(exc: BaseException) -> Failure:

@@ -129,10 +129,16 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
+def printable(text: str) -> str:
+    """``text`` with NULs and lone surrogates escaped (``\\x00``, ``\\udc80``): what a Postgres
+    text column and a UTF-8 log stream both accept."""
+    text = text.replace("\x00", "\\x00")
+    return text if _is_utf8(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _text(value: object, limit: int) -> str:
     """``value`` as text a Postgres text column accepts: no NUL, valid UTF-8, bounded."""
-    text = str(value)[:limit].replace("\x00", "\\x00")
-    return text if _is_utf8(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return printable(str(value)[:limit])
 
 
 def _seconds(what: str, value: object, *, upper: float = math.inf) -> float:

@@ -318,9 +318,13 @@ def test_worker_refuses_bad_settings_before_starting(kwargs: dict) -> None:
         Worker(lambda job: None, dsn="host=/nonexistent-pgqueue-dir", **kwargs)
 
 
-def test_a_handler_error_nul_or_surrogate_does_not_kill_the_worker(queue: Queue, dsn: str) -> None:
+def test_a_handler_error_nul_or_surrogate_does_not_kill_the_worker(
+    queue: Queue, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """Regression: such text made ``fail`` raise inside the job thread, which died and
-    left the job running; now it is stored escaped and the job goes on (here: dead)."""
+    left the job running; now it is stored escaped and the job goes on (here: dead). The
+    failure's log line is escaped too: a lone surrogate in it cannot be written to a UTF-8
+    stream (it broke pytest-xdist's report of this very test)."""
 
     def poison(job: object) -> None:
         raise ValueError("bad \x00 byte and a lone \udc80 surrogate")
@@ -333,6 +337,10 @@ def test_a_handler_error_nul_or_surrogate_does_not_kill_the_worker(queue: Queue,
     [(status, error)] = rows(dsn, "SELECT status, last_error FROM jobs WHERE id = %s", [job_id])
     assert status == "dead"
     assert "\\x00" in error and "ValueError" in error
+    lines = [r.getMessage() for r in caplog.records if "ValueError" in r.getMessage()]
+    assert lines, "the failed attempt is logged"
+    for line in lines:
+        line.encode("utf-8")  # raises for a lone surrogate
 
 
 # -- the CLI: stdin fuzzed --------------------------------------------------------------
