@@ -436,6 +436,8 @@ class AsyncQueue:
         if hear:
             await self._run("listen_done", {})
         try:
+            if hear:  # the job's end is notified only while someone waits for it
+                await self._run("wait_for", {"id": job_id})
             mine = str(job_id)
             while True:
                 row = await self._one("result", {"id": job_id})
@@ -451,6 +453,7 @@ class AsyncQueue:
                         break
         finally:
             if hear and not conn.closed:
+                await self._run("wait_done", {"id": job_id})
                 await self._run("unlisten_done", {})
 
     async def get(self, job_id: int) -> JobState | None:

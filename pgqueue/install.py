@@ -58,6 +58,7 @@ class Catalog:
     slots: bool
     steps: bool  # the durable steps' tables
     steps_archive: bool
+    waiters: bool  # pgqueue_waiters: the jobs a Queue.result waits for
     indexes: dict[str, Index]
 
 
@@ -114,7 +115,7 @@ def _current(index: Index) -> bool:
 def catalog(found: Sequence[Any], indexes: Iterable[Sequence[Any]]) -> Catalog:
     """The replies of ``installed`` and ``installed_indexes`` as one ``Catalog``."""
     jobs, archive, jobs_columns, archive_columns, check, limits, function, trigger, *rest = found
-    schedules, slots, steps, steps_archive = rest
+    schedules, slots, steps, steps_archive, waiters = rest
     return Catalog(
         jobs=jobs,
         archive=archive,
@@ -128,6 +129,7 @@ def catalog(found: Sequence[Any], indexes: Iterable[Sequence[Any]]) -> Catalog:
         slots=slots,
         steps=steps,
         steps_archive=steps_archive,
+        waiters=waiters,
         indexes={row[0]: Index(*row) for row in indexes},
     )
 
@@ -154,7 +156,7 @@ def brief_steps(found: Catalog, notify: bool | None) -> list[Step]:
         if notify is not False:
             steps.append(_step("created the NOTIFY function", "notify_function"))
             steps.append(_step("created the NOTIFY trigger", "notify_trigger"))
-        return steps + _periodic_steps(found) + _step_tables(found)
+        return steps + _periodic_steps(found) + _side_tables(found)
     steps = []
     if not added_columns() <= found.jobs_columns:
         missing = ", ".join(sorted(added_columns() - found.jobs_columns))
@@ -173,16 +175,19 @@ def brief_steps(found: Catalog, notify: bool | None) -> list[Step]:
         steps.append(_step("created the NOTIFY trigger", "notify_trigger"))
     elif notify is False and found.notify_trigger:
         steps.append(Step("dropped the NOTIFY trigger", sql.SQL(statements.query("notify_off"))))
-    return steps + _periodic_steps(found) + _step_tables(found)
+    return steps + _periodic_steps(found) + _side_tables(found)
 
 
-def _step_tables(found: Catalog) -> list[Step]:
-    """The durable steps' tables, if missing: new tables, so they lock nothing anyone uses."""
+def _side_tables(found: Catalog) -> list[Step]:
+    """The durable steps' tables and the results' waiters, if missing: new tables, so they
+    lock nothing anyone uses."""
     steps = []
     if not found.steps:
         steps.append(_step("created pgqueue_steps (durable steps)", "steps_table"))
     if not found.steps_archive:
         steps.append(_step("created pgqueue_steps_archive (durable steps)", "steps_archive_table"))
+    if not found.waiters:
+        steps.append(_step("created pgqueue_waiters (results' notifications)", "waiters_table"))
     return steps
 
 

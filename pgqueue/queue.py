@@ -473,9 +473,10 @@ class Queue:
         """Wait for the job to finish and return what its handler returned (None if it
         returned nothing). ``JobFailed`` (with ``last_error``) if it went dead or was
         cancelled; ``TimeoutError`` after ``timeout`` seconds (None: wait for ever). It
-        hears the job end through a notification (LISTEN pgqueue_done), within
-        milliseconds, and reads the row every ``poll_interval`` seconds as well; behind
-        PgBouncer, inside a transaction of yours or with ``listen=False`` it polls only."""
+        hears the job end through a notification (LISTEN pgqueue_done, sent only for jobs
+        someone waits for: a row in pgqueue_waiters while it waits), within milliseconds,
+        and reads the row every ``poll_interval`` seconds as well; behind PgBouncer, inside
+        a transaction of yours or with ``listen=False`` it polls only."""
         job_id, deadline, poll = _result_args(job_id, timeout, poll_interval)
         conn = self.conn
         hear = listen and not self.pgbouncer and conn.autocommit
@@ -483,6 +484,8 @@ class Queue:
         if hear:
             self._run("listen_done", {}, prepare=False)
         try:
+            if hear:  # the job's end is notified only while someone waits for it
+                self._run("wait_for", {"id": job_id})
             mine = str(job_id)
             while True:
                 done, value = _result_of(job_id, self._run("result", {"id": job_id}).fetchone())
@@ -497,6 +500,7 @@ class Queue:
                         break
         finally:
             if hear and not conn.closed:
+                self._run("wait_done", {"id": job_id})
                 self._run("unlisten_done", {}, prepare=False)
 
     def get(self, job_id: int) -> JobState | None:

@@ -78,6 +78,8 @@ TESTED_QUERIES = {
     "result",
     "listen_done",
     "unlisten_done",
+    "wait_for",
+    "wait_done",
 }
 FENCED = {
     "heartbeat",

@@ -30,6 +30,7 @@ from pgqueue import (
     Worker,
 )
 from pgqueue.install import block
+from pgqueue.statements import query
 
 # A poll interval no test waits out: a result that arrives within the test's own 20 s
 # wait came through the notification.
@@ -237,6 +238,54 @@ def test_the_waiter_is_woken_by_the_notification(queue: Queue, run_worker: Any, 
     waiter.join(WAIT)  # a 60 s poll cannot have brought it: the notification did
     assert not waiter.is_alive()
     assert got == ["finished"]
+
+
+def _heard(listener: psycopg.Connection[Any], seconds: float = 0.5) -> list[str]:
+    """The pgqueue_done payloads ``listener`` receives within ``seconds``."""
+    return [n.payload for n in listener.notifies(timeout=seconds)]
+
+
+def test_a_job_nobody_waits_for_ends_without_a_notification(queue: Queue, dsn: str) -> None:
+    """A notifying commit takes a server-wide lock, so the statements that end a job notify
+    only for jobs a Queue.result waits for (a row in pgqueue_waiters): here every way a job
+    ends (complete, complete_many, a fail that kills it, a reap that kills it, a cancel) is
+    silent without a waiter and heard with one."""
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN pgqueue_done")
+        for waited in (False, True):
+            ids = [queue.enqueue({}, queue="n", max_attempts=1) for _ in range(6)]
+            if waited:  # what Queue.result does while it waits
+                for job_id in ids:
+                    queue.conn.execute(query("wait_for"), {"id": job_id})
+            one, two, three, dead, reaped, _cancelled = queue.claim("n", limit=6, lease=30)
+            queue.complete(one)
+            queue.complete(two, {"a": 1})
+            queue.complete_many([three])
+            queue.fail(dead, "boom")
+            queue.conn.execute(
+                "UPDATE jobs SET lease_until = now() - interval '1 s' WHERE id = %s", [reaped.id]
+            )
+            queue.reap()
+            queue.cancel(ids[5])
+            heard = _heard(listener)
+            assert sorted(heard) == (sorted(str(i) for i in ids) if waited else []), waited
+            assert {s for (s,) in rows(dsn, "SELECT DISTINCT status FROM jobs")} == {
+                "done",
+                "dead",
+                "cancelled",
+            }
+
+
+def test_a_waiter_takes_its_row_away_when_it_returns_or_times_out(
+    queue: Queue, run_worker: Any, dsn: str
+) -> None:
+    job_id = queue.enqueue({}, queue="q")
+    with pytest.raises(TimeoutError):
+        queue.result(job_id, timeout=0.2)
+    assert rows(dsn, "SELECT count(*) FROM pgqueue_waiters") == [(0,)]
+    run_worker(lambda job: "ok")
+    assert queue.result(job_id, timeout=WAIT) == "ok"
+    assert rows(dsn, "SELECT count(*) FROM pgqueue_waiters") == [(0,)]
 
 
 def test_an_async_waiter_is_woken_by_the_notification(dsn: str) -> None:

@@ -166,6 +166,18 @@ CREATE TABLE IF NOT EXISTS pgqueue_steps (
 -- Where prune(archive=True) moves the steps of the jobs it moves to jobs_archive.
 CREATE TABLE IF NOT EXISTS pgqueue_steps_archive (LIKE pgqueue_steps);
 
+-- name: waiters_table
+-- The jobs some Queue.result is waiting for, one row per waiting session: a job's end is
+-- notified (pgqueue_done) only when it has a row here. Unlogged: a crash empties it, and
+-- the waiters poll on. A row left by a waiter that died costs one extra notification when
+-- its job ends. A new table: adding it locks nothing in use.
+CREATE UNLOGGED TABLE IF NOT EXISTS pgqueue_waiters (
+  job_id bigint      NOT NULL,
+  pid    int         NOT NULL DEFAULT pg_backend_pid(),  -- the waiting session
+  since  timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (job_id, pid)
+);
+
 -- name: notify_function
 -- LISTEN/NOTIFY is only a hint: workers poll anyway. Postgres folds identical
 -- notifications within one transaction, so a bulk enqueue sends one per queue.
@@ -203,7 +215,8 @@ SELECT to_regclass('jobs') IS NOT NULL AS jobs,
        to_regclass('pgqueue_schedules') IS NOT NULL AS schedules,
        to_regclass('pgqueue_slots') IS NOT NULL AS slots,
        to_regclass('pgqueue_steps') IS NOT NULL AS steps,
-       to_regclass('pgqueue_steps_archive') IS NOT NULL AS steps_archive;
+       to_regclass('pgqueue_steps_archive') IS NOT NULL AS steps_archive,
+       to_regclass('pgqueue_waiters') IS NOT NULL AS waiters;
 
 -- name: installed_indexes
 -- The indexes on jobs: name, whether usable, definition, whether a build is running now.

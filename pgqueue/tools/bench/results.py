@@ -104,20 +104,33 @@ DONE_NOTIFY_COLUMNS = [
     "batch",
     "jobs",
     "runs",
-    "with_notify_jobs_s",
-    "without_notify_jobs_s",
-    "ratio_without_over_with",
+    "every_job_jobs_s",
+    "waited_only_jobs_s",
+    "none_jobs_s",
+    "ratio_waited_only_over_every_job",
     "ratio_min",
     "ratio_max",
+    "ratio_none_over_waited_only",
 ]
 
-_NOTIFY = re.compile(r",?\s*pg_notify\('pgqueue_done', (?:jobs\.)?id::text\)")
+# The notification as shipped: only for a job some Queue.result waits for (pgqueue_waiters).
+_WAITED = re.compile(
+    r"CASE WHEN EXISTS \(SELECT FROM pgqueue_waiters w WHERE w\.job_id = jobs\.id\)\s+"
+    r"THEN (pg_notify\('pgqueue_done', (?:jobs\.)?id::text\)) END"
+)
+NOTIFY_VARIANTS = ("every job", "waited-for only", "none")
 
 
-def _without_notify(statement: str) -> str:
-    """The completion statement without its pgqueue_done notification (RETURNING kept)."""
-    bare = _NOTIFY.sub("", statement)
-    return bare.replace("RETURNING;", "RETURNING id;").replace("RETURNING\n", "RETURNING id\n")
+def variant(statement: str, notify: str) -> str:
+    """A completion statement as shipped ("waited-for only"), notifying every job it ends
+    (as pgqueue did before 2026-12-01: "every job"), or not at all ("none")."""
+    if not _WAITED.search(statement):
+        raise LookupError("the statement has no waited-for notification to vary")
+    if notify == "every job":
+        return _WAITED.sub(r"\1", statement)
+    if notify == "none":
+        return _WAITED.sub("NULL", statement)
+    return statement
 
 
 def _running(dsn: str, n: int) -> None:
@@ -133,13 +146,13 @@ def _running(dsn: str, n: int) -> None:
         conn.execute("VACUUM ANALYZE jobs")
 
 
-def completion_rate(dsn: str, *, notify: bool, threads: int, batch: int, jobs: int) -> float:
+def completion_rate(dsn: str, *, notify: str, threads: int, batch: int, jobs: int) -> float:
     """Jobs completed a second by ``threads`` sessions, each completing its share of ``jobs``
-    running jobs ``batch`` at a time (one autocommit statement, so one commit, each)."""
+    running jobs ``batch`` at a time (one autocommit statement, so one commit, each), with
+    the notification ``notify`` (one of NOTIFY_VARIANTS); nobody waits for these jobs."""
     _running(dsn, jobs)
-    single, many = query("complete"), query("complete_many")
-    if not notify:
-        single, many = _without_notify(single), _without_notify(many)
+    single = variant(query("complete"), notify)
+    many = variant(query("complete_many"), notify)
     ids = list(range(1, jobs + 1))
     shares = [ids[i::threads] for i in range(threads)]
     start = threading.Barrier(threads + 1)
@@ -167,37 +180,41 @@ def completion_rate(dsn: str, *, notify: bool, threads: int, batch: int, jobs: i
 
 
 def bench_done_notify(bench: Bench) -> list[dict[str, Any]]:
-    """What notifying every finished job costs: completion throughput with the statements
-    as shipped (each ending job sends pgqueue_done) against the same statements without the
-    notification, one job or a batch of 50 per statement, 1 and 4 sessions; runs of the two
-    interleaved, the ratio per pair of runs."""
+    """What notifying finished jobs costs: completion throughput when every ending job sends
+    pgqueue_done (pgqueue before 2026-12-01), when only jobs someone waits for do (as
+    shipped; nobody waits here) and with no notification at all; one job or a batch of 50
+    per statement, 1 and 4 sessions; the variants interleaved, ratios per repetition."""
     runs = 2 if bench.quick else 5
     dsn = bench.database("bench_done_notify")
     configs = [(1, 1), (4, 1), (4, 50)]
-    bar = _progress(len(configs) * runs * 2, "done-notify", bench.progress)
+    bar = _progress(len(configs) * runs * len(NOTIFY_VARIANTS), "done-notify", bench.progress)
     rows = []
     try:
         for threads, batch in configs:
             jobs = (2_000 if batch == 1 else 20_000) // (2 if bench.quick else 1)
-            with_, without = [], []
+            rates: dict[str, list[float]] = {v: [] for v in NOTIFY_VARIANTS}
             for _ in range(runs):
-                for notify, into in ((True, with_), (False, without)):
-                    into.append(
+                for notify in NOTIFY_VARIANTS:
+                    rates[notify].append(
                         completion_rate(dsn, notify=notify, threads=threads, batch=batch, jobs=jobs)
                     )
                     bar.update()
-            ratios = [b / a for a, b in zip(with_, without, strict=True)]
+            every, waited, none = (rates[v] for v in NOTIFY_VARIANTS)
+            gain = [w / e for e, w in zip(every, waited, strict=True)]
+            rest = [n / w for w, n in zip(waited, none, strict=True)]
             rows.append(
                 {
                     "threads": threads,
                     "batch": batch,
                     "jobs": jobs,
                     "runs": runs,
-                    "with_notify_jobs_s": round(statistics.median(with_)),
-                    "without_notify_jobs_s": round(statistics.median(without)),
-                    "ratio_without_over_with": round(statistics.median(ratios), 2),
-                    "ratio_min": round(min(ratios), 2),
-                    "ratio_max": round(max(ratios), 2),
+                    "every_job_jobs_s": round(statistics.median(every)),
+                    "waited_only_jobs_s": round(statistics.median(waited)),
+                    "none_jobs_s": round(statistics.median(none)),
+                    "ratio_waited_only_over_every_job": round(statistics.median(gain), 2),
+                    "ratio_min": round(min(gain), 2),
+                    "ratio_max": round(max(gain), 2),
+                    "ratio_none_over_waited_only": round(statistics.median(rest), 2),
                 }
             )
     finally:
