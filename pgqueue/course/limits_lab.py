@@ -61,10 +61,10 @@ def two_claims_in_flight(dsn: str, *, per_group: int = 1) -> pd.DataFrame:
             if way == "pgqueue's slots":
                 setup.limit(queue, per_group=per_group)
         with psycopg.connect(dsn) as a_conn, psycopg.connect(dsn, autocommit=True) as b_conn:
-            params = {"queue": queue, "per_group": per_group}
 
-            def claim(conn: psycopg.Connection) -> list[int]:
+            def claim(conn: psycopg.Connection, way: str = way, queue: str = queue) -> list[int]:
                 if way == "count, then claim":
+                    params = {"queue": queue, "per_group": per_group}
                     return [r[0] for r in conn.execute(NAIVE_CLAIM, params).fetchall()]
                 return [job.id for job in Queue(conn).claim(queue)]
 

@@ -90,9 +90,10 @@ def one_slot_two_tickers(dsn: str, name: str = "same-moment") -> dict[str, int]:
     jobs each made, and how many the slot has."""
     schedule = _schedule(1, name)
     tick = statements.query("schedule_tick")
-    with psycopg.connect(dsn, autocommit=True) as first, psycopg.connect(
-        dsn, autocommit=True
-    ) as second:
+    with (
+        psycopg.connect(dsn, autocommit=True) as first,
+        psycopg.connect(dsn, autocommit=True) as second,
+    ):
         now, _ = _clock(first, name)
         first.execute(statements.query("schedule_add"), tick_params(schedule, candidates(
             schedule, None, now)))  # fmt: skip
@@ -154,7 +155,9 @@ def catch_up(
         made = jobs_of(dsn, f"catch-up {policy}")
         first_slot = made["slot"].min()
         late = made["made_at"] - made["slot"] > timedelta(seconds=GRACE)
-        fates = dict(zip(made["slot"], late.map({True: "caught up", False: "on time"}), strict=True))
+        fates = dict(
+            zip(made["slot"], late.map({True: "caught up", False: "on time"}), strict=True)
+        )
         slot = first_slot
         while slot <= made["slot"].max():
             fate = fates.get(slot, "skipped")
@@ -212,4 +215,3 @@ def tick_excerpt() -> str:
     start = text.index("), taken AS (")
     end = text.index("), moved AS (")
     return "WITH ...\n" + text[start + 3 : end] + "..."
-

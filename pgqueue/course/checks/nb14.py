@@ -78,7 +78,9 @@ def _race(dsn: str, statement: str, params: dict[str, Any]) -> tuple[bool, BaseE
         waited = not done.wait(0.5)
         a.commit()
     thread.join(10)
-    expect(outcome, "the second ticker's statement did not finish within 10 s of the first's commit")
+    expect(
+        outcome, "the second ticker's statement did not finish within 10 s of the first's commit"
+    )
     return waited, outcome[0]
 
 
@@ -129,9 +131,9 @@ def check_tick(statement: object, dsn: str) -> None:
             TICK_HINTS.expect(
                 jobs == 1,
                 "job-despite-conflict",
-                f"two workers ticking slot {slot:%H:%M:%S} at the same moment made {jobs} jobs; "
-                f"my_slots kept one row{'' if waited else ', and the second never waited for the first'}"
-                ": the loser's job was made although its slot row was refused",
+                f"two workers ticking slot {slot:%H:%M:%S} at the same moment made {jobs} jobs "
+                "and my_slots kept one row: the loser's job was made although its slot row "
+                "was refused",
                 "make the job FROM the slot insert's RETURNING: WITH taken AS (INSERT INTO "
                 "my_slots ... ON CONFLICT DO NOTHING RETURNING job_id, slot) INSERT INTO jobs "
                 "... SELECT ... FROM taken",

@@ -25,8 +25,9 @@ class Hints:
         self.seen[kind] += 1
         if self.seen[kind] >= 2:
             raise ExerciseFailed(f"{symptom}. Hint: {fragment}")
-        raise ExerciseFailed(f"{symptom} (fix it and run the check again; the same slip twice "
-                             "shows a hint)")
+        raise ExerciseFailed(
+            f"{symptom} (fix it and run the check again; the same slip twice shows a hint)"
+        )
 
     def expect(self, condition: object, kind: str, symptom: str, fragment: str) -> None:
         """``fail`` unless ``condition`` holds."""
