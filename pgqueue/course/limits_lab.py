@@ -53,20 +53,29 @@ def two_claims_in_flight(dsn: str, *, per_group: int = 1) -> pd.DataFrame:
     """Two workers claim from one group at the same moment: A's claim is sent and its
     transaction not yet committed when B's is sent. Once with ``NAIVE_CLAIM`` (limit
     ``per_group``), once with ``Queue.claim`` under ``Queue.limit(per_group=...)``. One row
-    per way: what A and B got, and how many of the group's jobs run once both committed."""
+    per way: which of tenant-a's three jobs A and B got, and how many of them run once both
+    committed."""
     rows = []
     for way, queue in (("count, then claim", "naive"), ("pgqueue's slots", "slots")):
         with Queue(dsn) as setup:
-            setup.enqueue_many([{"n": n} for n in range(3)], queue=queue, group="tenant-a")
+            ids = setup.enqueue_many([{"n": n} for n in range(3)], queue=queue, group="tenant-a")
             if way == "pgqueue's slots":
                 setup.limit(queue, per_group=per_group)
+        nth = {job_id: f"job {n + 1}" for n, job_id in enumerate(ids)}  # of tenant-a's three
         with psycopg.connect(dsn) as a_conn, psycopg.connect(dsn, autocommit=True) as b_conn:
 
-            def claim(conn: psycopg.Connection, way: str = way, queue: str = queue) -> list[int]:
+            def claim(
+                conn: psycopg.Connection,
+                way: str = way,
+                queue: str = queue,
+                nth: dict[int, str] = nth,
+            ) -> list[str]:
                 if way == "count, then claim":
                     params = {"queue": queue, "per_group": per_group}
-                    return [r[0] for r in conn.execute(NAIVE_CLAIM, params).fetchall()]
-                return [job.id for job in Queue(conn).claim(queue)]
+                    got = [r[0] for r in conn.execute(NAIVE_CLAIM, params).fetchall()]
+                else:
+                    got = [job.id for job in Queue(conn).claim(queue)]
+                return [nth[job_id] for job_id in got]
 
             with a_conn.transaction():  # A's claim, in flight
                 a = claim(a_conn)

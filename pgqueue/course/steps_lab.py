@@ -141,3 +141,31 @@ def result_wait(dsn: str, *, listen: bool, poll_interval: float) -> dict[str, An
         finally:
             worker.stop(grace=1)
     return {"result": value, "after the handler returned (s)": came - returned[0]}
+
+
+INVOICES = (
+    "CREATE TABLE IF NOT EXISTS invoices (job_id bigint PRIMARY KEY, cents int CHECK (cents >= 0))"
+)
+
+
+def cancelled_mid_block(dsn: str, *, held: bool) -> dict[str, Any]:
+    """Claim an invoice job and write its invoice in a transaction: ``job.transaction()``
+    (``held``) or a plain one; someone cancels the job while the block is still writing.
+    How the block ended, and whether the invoice is there."""
+    with Queue(dsn) as q:
+        q.conn.execute(INVOICES)
+        q.enqueue({"order": 9}, queue="invoices")
+        [job] = q.claim("invoices")
+        assert job.conn is not None
+        block = job.transaction() if held else job.conn.transaction()
+        try:
+            with block:
+                job.conn.execute("INSERT INTO invoices VALUES (%s, 900)", [job.id])
+                with Queue(dsn) as other:
+                    assert other.cancel(job.id)  # someone cancels the job, mid-block
+            outcome = "committed"
+        except LeaseLost:
+            outcome = "LeaseLost, rolled back"
+        row = q.conn.execute("SELECT count(*) FROM invoices WHERE job_id = %s", [job.id])
+        (kept,) = row.fetchone() or (0,)
+    return {"block": outcome, "invoice rows": kept}

@@ -17,6 +17,7 @@ from ...db import first_line
 from ...errors import LeaseLost
 from ...job import Job
 from ...queue import Queue
+from ..steps_lab import INVOICES
 from . import expect, passed
 from .tiers import Hints
 
@@ -211,11 +212,6 @@ def check_step_put(statement: object, dsn: str) -> None:
         "write; refused a stale holder, a done job and a lease run out (inside an older "
         "transaction too); and held the job row until its transaction ended"
     )
-
-
-INVOICES = (
-    "CREATE TABLE IF NOT EXISTS invoices (job_id bigint PRIMARY KEY, cents int CHECK (cents >= 0))"
-)
 
 
 def check_finish(finish: Callable[[Queue, Job, int], Any], dsn: str) -> None:
