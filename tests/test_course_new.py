@@ -64,12 +64,12 @@ def failures(check: Any, *args: Any) -> list[str]:
 
 def test_hints_give_the_symptom_first_and_the_fragment_at_the_second_slip() -> None:
     hints = Hints()
-    with pytest.raises(ExerciseFailed, match="^two jobs \\(fix it") as first:
+    with pytest.raises(ExerciseFailed, match=r"^two jobs \(fix it") as first:
         hints.fail("twice", "two jobs", "ON CONFLICT")
     assert "ON CONFLICT" not in str(first.value)
-    with pytest.raises(ExerciseFailed, match="^no job \\(fix it"):
+    with pytest.raises(ExerciseFailed, match=r"^no job \(fix it"):
         hints.fail("none", "no job", "INSERT")  # another kind starts at its symptom
-    with pytest.raises(ExerciseFailed, match="^two jobs. Hint: ON CONFLICT$"):
+    with pytest.raises(ExerciseFailed, match=r"^two jobs\. Hint: ON CONFLICT$"):
         hints.fail("twice", "two jobs", "ON CONFLICT")
     hints.expect(True, "twice", "unused", "unused")
 
