@@ -1,0 +1,161 @@
+"""The course modules of notebooks 14 and 15, against a real server: each exercise check
+passes its solution and catches plausible wrong answers, symptom first and the fragment only
+at the second slip of a kind; the races the notebooks show come out as they say."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import pgqueue
+from pgqueue import Job, Queue
+from pgqueue.course import limits_lab, periodic_lab, steps_lab
+from pgqueue.course.checks import ExerciseFailed, nb14, nb15
+from pgqueue.course.checks.tiers import Hints
+
+TICK = """
+WITH taken AS (
+  INSERT INTO my_slots (schedule, slot, job_id)
+  VALUES (%(schedule)s, %(slot)s, nextval('jobs_id_seq'))
+  ON CONFLICT (schedule, slot) DO NOTHING
+  RETURNING job_id, slot
+)
+INSERT INTO jobs (id, queue, payload)
+SELECT job_id, 'ticks', jsonb_build_object('schedule', %(schedule)s::text, 'slot', slot)
+FROM taken
+"""
+CHECK_THEN_INSERT = """
+INSERT INTO jobs (queue, payload)
+SELECT 'ticks', jsonb_build_object('schedule', %(schedule)s::text, 'slot', %(slot)s)
+WHERE NOT EXISTS (SELECT FROM jobs WHERE payload->>'schedule' = %(schedule)s
+                    AND (payload->>'slot')::timestamptz = %(slot)s)
+"""
+JOB_FIRST = """
+WITH job AS (
+  INSERT INTO jobs (queue, payload)
+  VALUES ('ticks', jsonb_build_object('schedule', %(schedule)s::text, 'slot', %(slot)s))
+  RETURNING id
+)
+INSERT INTO my_slots SELECT %(schedule)s, %(slot)s, id FROM job ON CONFLICT DO NOTHING
+"""
+STEP_PUT = """
+WITH held AS (
+  SELECT id, fence FROM jobs
+  WHERE id = %(job)s AND fence = %(fence)s AND status = 'running'
+    AND lease_until > clock_timestamp()
+  FOR SHARE
+)
+INSERT INTO pgqueue_steps (job_id, name, output, fence, written_at)
+SELECT id, %(name)s, %(output)s, fence, clock_timestamp() FROM held
+ON CONFLICT (job_id, name) DO NOTHING
+"""
+
+
+def failures(check: Any, *args: Any) -> list[str]:
+    """The messages of two runs of a check that must fail."""
+    found = []
+    for _ in range(2):
+        with pytest.raises(ExerciseFailed) as info:
+            check(*args)
+        found.append(str(info.value))
+    return found
+
+
+def test_hints_give_the_symptom_first_and_the_fragment_at_the_second_slip() -> None:
+    hints = Hints()
+    with pytest.raises(ExerciseFailed, match=r"^two jobs \(fix it") as first:
+        hints.fail("twice", "two jobs", "ON CONFLICT")
+    assert "ON CONFLICT" not in str(first.value)
+    with pytest.raises(ExerciseFailed, match=r"^no job \(fix it"):
+        hints.fail("none", "no job", "INSERT")  # another kind starts at its symptom
+    with pytest.raises(ExerciseFailed, match=r"^two jobs\. Hint: ON CONFLICT$"):
+        hints.fail("twice", "two jobs", "ON CONFLICT")
+    hints.expect(True, "twice", "unused", "unused")
+
+
+def test_the_tick_check_passes_the_solution_and_catches_the_races(
+    dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nb14.check_tick(TICK, dsn)
+    assert capsys.readouterr().out.startswith("\N{CHECK MARK} two ticks of one slot")
+    first, second = failures(nb14.check_tick, CHECK_THEN_INSERT, dsn)
+    assert "left 0 rows in my_slots and 2 job(s)" in first and "Hint" not in first
+    assert "Hint: INSERT INTO my_slots" in second
+    first, second = failures(nb14.check_tick, JOB_FIRST, dsn)
+    assert "made 2 jobs and my_slots kept one row" in first and "Hint" not in first
+    assert "Hint: make the job FROM the slot insert's RETURNING" in second
+    without = TICK.replace("ON CONFLICT (schedule, slot) DO NOTHING", "")
+    assert "unique_violation" in failures(nb14.check_tick, without, dsn)[0]
+    assert pgqueue.Queue(dsn).stats()[0]["status"] == "finished"  # the check left no job
+
+
+def test_the_step_check_passes_the_solution_and_tells_the_lock_slips_apart(dsn: str) -> None:
+    nb15.check_step_put(STEP_PUT, dsn)
+    now = STEP_PUT.replace("lease_until > clock_timestamp()", "lease_until > now()")
+    assert (
+        "a step written after the lease ran out was stored"
+        in failures(nb15.check_step_put, now, dsn)[0]
+    )
+    key_share = failures(nb15.check_step_put, STEP_PUT.replace("FOR SHARE", "FOR KEY SHARE"), dsn)
+    no_lock = failures(nb15.check_step_put, STEP_PUT.replace("FOR SHARE", ""), dsn)
+    assert "a cancel of job" in key_share[0] and "Hint" not in key_share[0]
+    assert "Hint: FOR KEY SHARE lets an UPDATE" in key_share[1]
+    assert "Hint: lock the job row in the check" in no_lock[1]
+    stale = STEP_PUT.replace("AND fence = %(fence)s", "")
+    assert "a stale holder (fence 1" in failures(nb15.check_step_put, stale, dsn)[0]
+
+
+def finish(q: Queue, job: Job, cents: int) -> bool:
+    with q.conn.transaction():
+        q.conn.execute("INSERT INTO invoices (job_id, cents) VALUES (%s, %s)", [job.id, cents])
+        if not q.complete(job):
+            raise pgqueue.LeaseLost("taken over")
+    return True
+
+
+def two_commits(q: Queue, job: Job, cents: int) -> bool:
+    q.conn.execute("INSERT INTO invoices (job_id, cents) VALUES (%s, %s)", [job.id, cents])
+    return q.complete(job)
+
+
+def complete_first(q: Queue, job: Job, cents: int) -> bool:
+    if not q.complete(job):
+        return False
+    q.conn.execute("INSERT INTO invoices (job_id, cents) VALUES (%s, %s)", [job.id, cents])
+    return True
+
+
+def test_the_finish_check_passes_one_transaction_and_catches_two(dsn: str) -> None:
+    nb15.check_finish(finish, dsn)
+    assert "left its invoice (700,) behind" in failures(nb15.check_finish, two_commits, dsn)[0]
+    message = failures(nb15.check_finish, complete_first, dsn)[0]
+    assert "failed, and the job is 'done'" in message
+
+
+def test_a_count_then_claim_limit_of_one_runs_two_and_the_slots_run_one(dsn: str) -> None:
+    race = limits_lab.two_claims_in_flight(dsn, per_group=1)
+    naive, slots = race.loc["count, then claim"], race.loc["pgqueue's slots"]
+    assert (naive["A got"], naive["B got (A in flight)"]) == (["job 1"], ["job 2"])
+    assert naive["running of tenant-a (limit 1)"] == 2
+    assert (slots["A got"], slots["B got (A in flight)"]) == (["job 1"], [])
+    assert slots["running of tenant-a (limit 1)"] == 1
+
+
+def test_one_slot_ticked_twice_at_once_and_by_a_stale_worker_makes_one_job(dsn: str) -> None:
+    assert periodic_lab.one_slot_two_tickers(dsn) == {
+        "first": 1,
+        "second, at the same moment": 0,
+        "stale, cursor set back": 0,
+        "jobs for the slot": 1,
+    }
+
+
+def test_a_stale_step_checked_then_written_becomes_the_answer_and_job_step_refuses_it(
+    dsn: str,
+) -> None:
+    broken = steps_lab.stale_step(dsn, "check, then write")
+    assert broken["B's step two returned"] == "A's charge" and broken["stored under fence"] == 1
+    fenced = steps_lab.stale_step(dsn, "job.step")
+    assert fenced["A's step two"].startswith("LeaseLost")
+    assert fenced["B's step two returned"] == "B's charge" and fenced["stored under fence"] == 2
