@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 
 ## make test: library tests, fault tests and every notebook (nbval), on a throwaway server
 test: setup
-	$(PY) -m pytest --nbval --nbval-sanitize-with notebooks/sanitize.cfg tests notebooks
+	$(PY) -m pytest -n 2 --dist loadfile --nbval --nbval-sanitize-with notebooks/sanitize.cfg tests notebooks
 
 ## make test-fast: the library tests without the slow process, fault, Binder and browser ones
 test-fast: setup
