@@ -424,11 +424,16 @@ def cmd_stats(args: argparse.Namespace) -> None:
             print(f"{row['queue']:<20} {row['status']:<9} {row['jobs']:>8} {age_text:>17}  {error}")
     for row in rows:
         if row["estimated"]:
-            jobs = "unknown until the table is analyzed" if row["jobs"] is None else row["jobs"]
-            print(f"finished (done or cancelled), all queues, estimated: {jobs}")
+            print(f"finished (done or cancelled), all queues, {_finished_text(row)}")
     for s in schedules:
         last, following = _utc(s.last_slot), _utc(s.next_slot) if s.next_slot else "unknown"
         print(f"schedule {s.name} ({s.spec}) on {s.queue!r}: last slot {last}, next {following}")
+
+
+def _finished_text(row: dict[str, Any]) -> str:
+    if row["jobs"] is None:  # never analyzed, and too big to count on every call
+        return "estimated: unknown until the table is analyzed (ANALYZE jobs; autovacuum will)"
+    return f"{'counted' if row.get('counted') else 'estimated'}: {row['jobs']}"
 
 
 def _utc(t: datetime) -> str:

@@ -604,16 +604,22 @@ def _stats_rows(
 
 
 def _finished_estimate(rows: list[dict[str, Any]], total: tuple[Any, ...] | None) -> dict[str, Any]:
-    """The 'finished' row of ``stats``: the planner's row estimate less the live jobs."""
-    live = sum(r["jobs"] for r in rows)
-    estimate = None if not total or total[0] < 0 else max(0, round(total[0]) - live)
+    """The 'finished' row of ``stats``: the planner's row estimate less the live jobs; before
+    the table was ever analyzed, the count of a small table (``counted``), else None."""
+    reltuples, counted = total or (-1.0, None)
+    if counted is not None:
+        jobs: int | None = int(counted)
+    else:
+        live = sum(r["jobs"] for r in rows)
+        jobs = None if reltuples < 0 else max(0, round(reltuples) - live)
     return {
         "queue": None,
         "status": "finished",
-        "jobs": estimate,
+        "jobs": jobs,
         "oldest_ready_seconds": None,
         "latest_error": None,
-        "estimated": True,
+        "estimated": True,  # the finished row: not read through the partial indexes
+        "counted": counted is not None,
     }
 
 

@@ -514,7 +514,9 @@ class Queue:
         the latest error. By default only ready, running and dead jobs are counted, through
         their partial indexes, plus one row (queue None, status 'finished', ``estimated``)
         estimating the done and cancelled ones from the planner's statistics: cheap at
-        millions of rows. ``exact=True`` counts every status by reading the whole table."""
+        millions of rows. Before the table was first analyzed, a table of at most 8 MB has
+        them counted (``counted`` True); a larger one gives None. ``exact=True`` counts
+        every status by reading the whole table."""
         cur = self._run("stats_exact" if exact else "stats", {})
         rows = _stats_rows(cur.description, cur.fetchall())
         if not exact:
