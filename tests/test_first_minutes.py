@@ -1,0 +1,153 @@
+"""The first ten minutes of a new user (issue 22): a script's worker says what it does, the
+stats of a small fresh table give a number, the demo tells its story, and the course's
+Jupyter settings open trusted notebooks without a news pop-up."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from conftest import rows
+from pgqueue import Queue
+
+ROOT = Path(__file__).resolve().parent.parent
+PGQUEUE = str(Path(sys.executable).parent / "pgqueue")
+
+
+def run_script(code: str, dsn: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` as a stand-alone script with PGQUEUE_DSN=dsn, as a README reader would."""
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"} | {"PGQUEUE_DSN": dsn}
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def execute(dsn: str, statement: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(statement)  # type: ignore[arg-type]
+
+
+# -- a worker in a script that configured no logging ----------------------------------------
+
+SYNC_WORKER = """
+    import pgqueue
+
+    q = pgqueue.Queue()
+    q.enqueue({"n": 1}, queue="first", max_attempts=1)
+    q.enqueue({"n": 2}, queue="first")
+
+    def handle(job):
+        if job.payload["n"] == 1:
+            raise ValueError("no such customer")
+
+    {setup}
+    pgqueue.Worker(handle, queue="first", burst=True, name="w1").run()
+"""
+
+ASYNC_WORKER = """
+    import asyncio
+    import pgqueue
+
+    q = pgqueue.Queue()
+    q.enqueue({"n": 1}, queue="first", max_attempts=1)
+    q.enqueue({"n": 2}, queue="first")
+
+    async def handle(job):
+        if job.payload["n"] == 1:
+            raise ValueError("no such customer")
+
+    {setup}
+    asyncio.run(pgqueue.AsyncWorker(handle, queue="first", burst=True, name="w1").run())
+"""
+
+
+@pytest.mark.parametrize("script", [SYNC_WORKER, ASYNC_WORKER], ids=["Worker", "AsyncWorker"])
+def test_run_prints_its_first_and_last_lines_and_each_failure_without_logging_setup(
+    script: str, dsn: str, tmp_path: Path
+) -> None:
+    result = run_script(script.replace("{setup}", ""), dsn, tmp_path)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 3, result.stderr
+    assert "w1: " in lines[0] and "queues first" in lines[0] and "lease 30s" in lines[0]
+    assert (
+        "job 1 (first) failed, attempt 1 of 1: ValueError: no such customer; now dead" in (lines[1])
+    )
+    assert lines[2].endswith(
+        "w1: 1 done, 1 failed attempts (1 now dead, 0 timed out), 0 late writes refused"
+    )
+    assert result.stdout == ""  # stdout stays the application's
+    assert rows(dsn, "SELECT status FROM jobs ORDER BY id") == [("dead",), ("done",)]
+
+
+@pytest.mark.parametrize("script", [SYNC_WORKER, ASYNC_WORKER], ids=["Worker", "AsyncWorker"])
+def test_run_leaves_logging_to_an_application_that_configured_it(
+    script: str, dsn: str, tmp_path: Path
+) -> None:
+    setup = "import logging, sys; logging.basicConfig(stream=sys.stdout, format='APP %(message)s')"
+    result = run_script(script.replace("{setup}", setup), dsn, tmp_path)
+    assert result.stderr == ""  # nothing of its own: the application's handler has it all
+    lines = result.stdout.strip().splitlines()
+    # basicConfig's WARNING level: the failed attempt, not the INFO banner and summary
+    assert len(lines) == 1 and lines[0].startswith("APP w1: job 1 (first) failed"), lines
+
+
+# -- pgqueue stats on a small table never analyzed ------------------------------------------
+
+
+def test_stats_counts_the_finished_jobs_of_a_small_table_never_analyzed(
+    queue: Queue, dsn: str
+) -> None:
+    assert rows(dsn, "SELECT reltuples FROM pg_class WHERE relname = 'jobs'") == [(-1.0,)]
+    ids = queue.enqueue_many([{}] * 4, queue="q")
+    for job in queue.claim("q", limit=2):
+        queue.complete(job)
+    queue.cancel(ids[3])
+    [finished] = [r for r in queue.stats() if r["estimated"]]
+    assert finished["status"] == "finished"
+    assert finished["jobs"] == 3 and finished["counted"]
+    result = subprocess.run(
+        [PGQUEUE, "stats"], capture_output=True, text=True, env=os.environ | {"PGQUEUE_DSN": dsn}
+    )
+    assert result.returncode == 0, result.stderr
+    assert "finished (done or cancelled), all queues, counted: 3" in result.stdout
+    assert "unknown" not in result.stdout
+    [finished] = [
+        r
+        for r in json.loads(
+            subprocess.check_output(
+                [PGQUEUE, "stats", "--json"], text=True, env=os.environ | {"PGQUEUE_DSN": dsn}
+            )
+        )
+        if r["status"] == "finished"
+    ]
+    assert finished["jobs"] == 3 and finished["counted"]
+    execute(dsn, "ANALYZE jobs")  # analyzed: the planner's estimate, as before
+    [finished] = [r for r in queue.stats() if r["estimated"]]
+    assert finished["jobs"] == 3 and not finished["counted"]
+
+
+def test_stats_does_not_read_a_large_table_never_analyzed(queue: Queue, dsn: str) -> None:
+    execute(dsn, "ALTER TABLE jobs SET (autovacuum_enabled = off)")  # stays never analyzed
+    execute(
+        dsn,
+        "INSERT INTO jobs (queue, payload, status) SELECT 'big', "
+        "jsonb_build_object('pad', repeat('x', 1500)), 'done' FROM generate_series(1, 6000)",
+    )
+    [(size,)] = rows(dsn, "SELECT pg_relation_size('jobs')")
+    assert size > 8 * 1024 * 1024
+    [finished] = [r for r in queue.stats() if r["estimated"]]
+    assert finished["jobs"] is None and not finished["counted"]
