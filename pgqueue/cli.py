@@ -538,3 +538,11 @@ def cmd_demo(args: argparse.Namespace) -> None:
     except psycopg.errors.InsufficientPrivilege:
         print(f"database: {mask_dsn(dsn)} (no right to create one; the demo tidies up)")
         run_demo(dsn, pause=args.pause, tidy=True)
+    from .server import default_server
+
+    server = default_server()
+    if dsn == server.dsn():  # no DSN configured: the demo started (or found) this one
+        print(
+            f"\nThe embedded PostgreSQL server is still running (data in {server.data}), "
+            "for the course and the next command.\nStop it with: pgqueue server stop"
+        )

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from conftest import rows
-from pgqueue import Queue
+from pgqueue import EmbeddedServer, Queue
 
 ROOT = Path(__file__).resolve().parent.parent
 PGQUEUE = str(Path(sys.executable).parent / "pgqueue")
@@ -151,3 +151,42 @@ def test_stats_does_not_read_a_large_table_never_analyzed(queue: Queue, dsn: str
     assert size > 8 * 1024 * 1024
     [finished] = [r for r in queue.stats() if r["estimated"]]
     assert finished["jobs"] is None and not finished["counted"]
+
+
+# -- pgqueue demo ----------------------------------------------------------------------------
+
+
+def demo(env: dict[str, str]) -> list[str]:
+    base = {k: v for k, v in os.environ.items() if k not in ("PGQUEUE_DSN", "DATABASE_URL")}
+    result = subprocess.run(
+        [PGQUEUE, "demo"], capture_output=True, text=True, env=base | env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def test_demo_tells_the_lease_the_wake_up_and_how_to_stop_the_embedded_server(
+    server: EmbeddedServer | None,
+) -> None:
+    if server is None:
+        pytest.skip("PGQUEUE_DSN names the server: no embedded one to talk about")
+    lines = demo({"PGQUEUE_HOME": str(server.home)})  # the embedded server, as found
+    assert lines[1].startswith("lease 1 s: ")
+    assert "A freezes for 2 s right after its claim" in lines[2]
+    story = [line.split(maxsplit=2)[1:] for line in lines if line[:8].strip().endswith("s")]
+    said = [f"{who} {what}" for who, what in story]
+    lease_end = said.index("A (about now its lease on job 1 ends)")
+    wake = said.index("A wakes up after 2 s, unaware")
+    refused = said.index("A completes job 1 with fence 1: REFUSED (0 rows)")
+    assert lease_end < wake < refused, said  # in causal order (B's takeover: whenever)
+    assert "B claims job 1 and gets fence 2" in said
+    assert lines[-2].startswith("The embedded PostgreSQL server is still running")
+    assert lines[-1] == "Stop it with: pgqueue server stop"
+    assert server.is_running()  # said, not done: it still serves the course
+
+
+@pytest.mark.slow
+def test_demo_on_a_configured_server_says_nothing_about_stopping_it(dsn: str) -> None:
+    lines = demo({"PGQUEUE_DSN": dsn})
+    assert lines[-1].startswith("A woke up late")
+    assert not any("server stop" in line for line in lines)
