@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import urllib.request
 from pathlib import Path
 
 import psycopg
@@ -190,3 +191,74 @@ def test_demo_on_a_configured_server_says_nothing_about_stopping_it(dsn: str) ->
     lines = demo({"PGQUEUE_DSN": dsn})
     assert lines[-1].startswith("A woke up late")
     assert not any("server stop" in line for line in lines)
+
+
+# -- the course's JupyterLab: no news pop-up, trusted notebooks -----------------------------
+
+
+@pytest.mark.slow
+def test_prepare_lab_turns_the_news_off_and_trusts_the_notebooks(tmp_path: Path) -> None:
+    """binder/prepare-lab (run by `make course` and binder/postBuild) into a JupyterLab
+    application dir and a Jupyter data dir of this test's own; then a real JupyterLab
+    reading that settings dir serves the notification settings with the news off."""
+    from nbformat import read
+    from nbformat.sign import NotebookNotary
+    from test_browser import Lab, _free_port, _stop, _wait_until_serving
+
+    app_dir, data_dir = tmp_path / "lab-app", tmp_path / "jupyter-data"
+    venv_bin = str(Path(sys.executable).parent)
+    env = os.environ | {
+        "PATH": f"{venv_bin}:{os.environ['PATH']}",
+        "JUPYTERLAB_DIR": str(app_dir),
+        "JUPYTER_DATA_DIR": str(data_dir),
+    }
+    notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    before = {nb: nb.read_bytes() for nb in notebooks}
+    data_dir.mkdir()
+    notary = NotebookNotary(data_dir=str(data_dir))  # its key and signatures, as jupyter's
+    assert not notary.check_signature(read(notebooks[0], as_version=4))  # not yet trusted
+    done = subprocess.run(
+        ["binder/prepare-lab"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("\n") == 1 and "news pop-up off" in done.stdout  # one line
+    for nb in notebooks:
+        assert notary.check_signature(read(nb, as_version=4)), f"{nb.name} is not trusted"
+        assert nb.read_bytes() == before[nb]  # trusted without changing the file
+    settings = app_dir / "settings"
+    assert json.loads((settings / "overrides.d" / "pgqueue-course.json").read_text()) == (
+        json.loads((ROOT / "binder" / "jupyterlab-overrides.json").read_text())
+    )
+
+    port, token = _free_port(), "first-minutes"
+    command = [
+        sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}", f"--LabApp.app_settings_dir={settings}",
+    ]  # fmt: skip
+    if os.geteuid() == 0:
+        command.append("--allow-root")
+    log = tmp_path / "jupyterlab.log"
+    lab_env = os.environ | {
+        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "user-settings"),  # a learner's: empty
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+    }
+    with open(log, "w") as out:
+        server = subprocess.Popen(
+            command, cwd=tmp_path, env=lab_env, stdin=subprocess.DEVNULL, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    lab = Lab(f"http://127.0.0.1:{port}", token, log)
+    try:
+        _wait_until_serving(lab, server)
+        request = urllib.request.Request(
+            f"{lab.url}/lab/api/settings/@jupyterlab/apputils-extension:notification",
+            headers={"Authorization": f"token {token}"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            schema = json.load(response)["schema"]["properties"]
+    finally:
+        _stop(lab, server)
+    assert schema["fetchNews"]["default"] == "false"  # JupyterLab asks nothing, shows none
+    assert schema["checkForUpdates"]["default"] is False
