@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	@echo "            (about 120 packages: a minute or two the first time)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	@quiet=$$([ -t 1 ] || echo --quiet); \
+	@if [ -t 1 ]; then quiet=; else quiet=--quiet; fi; \
 	echo "$(PY) -m pip install $$quiet -e '.[dev]'"; \
 	$(PY) -m pip install $$quiet -e '.[dev]'
 	touch $(STAMP)
