@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	@if [ -t 1 ]; then quiet=; else quiet=--quiet; fi; \
-	echo "$(PY) -m pip install $$quiet -e '.[dev]'"; \
-	$(PY) -m pip install $$quiet -e '.[dev]'
+	echo "$(PY) -m pip install -e '.[dev]' $$quiet"; \
+	$(PY) -m pip install -e '.[dev]' $$quiet
 	touch $(STAMP)
 	@echo "make setup: done. Next: make demo (the story in the terminal), make course (JupyterLab)"
 
