@@ -8,9 +8,11 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -544,5 +546,15 @@ def cmd_demo(args: argparse.Namespace) -> None:
     if dsn == server.dsn():  # no DSN configured: the demo started (or found) this one
         print(
             f"\nThe embedded PostgreSQL server is still running (data in {server.data}), "
-            "for the course and the next command.\nStop it with: pgqueue server stop"
+            f"for the course and the next command.\nStop it with: {_this_command()} server stop"
         )
+
+
+def _this_command() -> str:
+    """How to run this command again: ``pgqueue`` if that is the one on PATH, else as it was
+    run (``.venv/bin/pgqueue`` from ``make demo``), or ``python -m pgqueue``."""
+    script = Path(sys.argv[0])
+    if script.name != "pgqueue":
+        return "python -m pgqueue"
+    on_path = shutil.which("pgqueue")
+    return "pgqueue" if on_path and Path(on_path).resolve() == script.resolve() else str(script)
