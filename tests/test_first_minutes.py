@@ -6,15 +6,27 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
 import textwrap
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 import pytest
+from test_browser import (
+    CHROMIUM,
+    CHROMIUM_FLAGS,
+    Lab,
+    _free_port,
+    _stop,
+    _unavailable,
+    _wait_until_serving,
+)
 
 from conftest import rows
 from pgqueue import EmbeddedServer, Queue
@@ -199,69 +211,120 @@ def test_demo_on_a_configured_server_says_nothing_about_stopping_it(dsn: str) ->
 # -- the course's JupyterLab: no news pop-up, trusted notebooks -----------------------------
 
 
-@pytest.mark.slow
-def test_prepare_lab_turns_the_news_off_and_trusts_the_notebooks(tmp_path: Path) -> None:
-    """binder/prepare-lab (run by `make course` and binder/postBuild) into a JupyterLab
-    application dir and a Jupyter data dir of this test's own; then a real JupyterLab
-    reading that settings dir serves the notification settings with the news off."""
-    from nbformat import read
-    from nbformat.sign import NotebookNotary
-    from test_browser import Lab, _free_port, _stop, _wait_until_serving
+@dataclass
+class PreparedLab:
+    """JupyterLab after binder/prepare-lab, in directories of this module's own."""
 
-    app_dir, data_dir = tmp_path / "lab-app", tmp_path / "jupyter-data"
-    venv_bin = str(Path(sys.executable).parent)
+    lab: Lab
+    app_dir: Path
+    data_dir: Path
+    prepared: str  # what prepare-lab printed
+    before: dict[Path, bytes]  # the notebooks before it ran
+
+
+@pytest.fixture(scope="module")
+def prepared_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PreparedLab]:
+    """binder/prepare-lab (what `make course` and binder/postBuild run) into a JupyterLab
+    application dir and a Jupyter data dir of its own, then a real JupyterLab on them with
+    a learner's settings dir that is empty, serving a copy of the course."""
+    tmp = tmp_path_factory.mktemp("lab")
+    app_dir, data_dir = tmp / "lab-app", tmp / "jupyter-data"
+    data_dir.mkdir()
+    before = {nb: nb.read_bytes() for nb in sorted((ROOT / "notebooks").glob("*.ipynb"))}
     env = os.environ | {
-        "PATH": f"{venv_bin}:{os.environ['PATH']}",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "JUPYTERLAB_DIR": str(app_dir),
         "JUPYTER_DATA_DIR": str(data_dir),
     }
-    notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
-    before = {nb: nb.read_bytes() for nb in notebooks}
-    data_dir.mkdir()
-    notary = NotebookNotary(data_dir=str(data_dir))  # its key and signatures, as jupyter's
-    assert not notary.check_signature(read(notebooks[0], as_version=4))  # not yet trusted
     done = subprocess.run(
         ["binder/prepare-lab"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("\n") == 1 and "news pop-up off" in done.stdout  # one line
-    for nb in notebooks:
-        assert notary.check_signature(read(nb, as_version=4)), f"{nb.name} is not trusted"
-        assert nb.read_bytes() == before[nb]  # trusted without changing the file
-    settings = app_dir / "settings"
-    assert json.loads((settings / "overrides.d" / "pgqueue-course.json").read_text()) == (
-        json.loads((ROOT / "binder" / "jupyterlab-overrides.json").read_text())
-    )
-
-    port, token = _free_port(), "first-minutes"
+    shutil.copytree(ROOT / "notebooks", tmp / "course" / "notebooks")
+    port, token = _free_port(), secrets.token_hex(16)
     command = [
         sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
         f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-        f"--IdentityProvider.token={token}", f"--LabApp.app_settings_dir={settings}",
+        f"--IdentityProvider.token={token}", f"--LabApp.app_settings_dir={app_dir / 'settings'}",
     ]  # fmt: skip
     if os.geteuid() == 0:
         command.append("--allow-root")
-    log = tmp_path / "jupyterlab.log"
     lab_env = os.environ | {
-        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "user-settings"),  # a learner's: empty
-        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+        "JUPYTER_DATA_DIR": str(data_dir),  # where the trust went
+        "JUPYTERLAB_SETTINGS_DIR": str(tmp / "user-settings"),  # a learner's: empty
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
+        "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
     }
+    log = tmp / "jupyterlab.log"
     with open(log, "w") as out:
         server = subprocess.Popen(
-            command, cwd=tmp_path, env=lab_env, stdin=subprocess.DEVNULL, stdout=out,
+            command, cwd=tmp / "course", env=lab_env, stdin=subprocess.DEVNULL, stdout=out,
             stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     lab = Lab(f"http://127.0.0.1:{port}", token, log)
     try:
         _wait_until_serving(lab, server)
-        request = urllib.request.Request(
-            f"{lab.url}/lab/api/settings/@jupyterlab/apputils-extension:notification",
-            headers={"Authorization": f"token {token}"},
-        )
-        with urllib.request.urlopen(request, timeout=10) as response:
-            schema = json.load(response)["schema"]["properties"]
+        yield PreparedLab(lab, app_dir, data_dir, done.stdout, before)
     finally:
         _stop(lab, server)
+
+
+@pytest.mark.slow
+def test_prepare_lab_turns_the_news_off_and_trusts_the_notebooks(
+    prepared_lab: PreparedLab,
+) -> None:
+    from nbformat import read
+    from nbformat.sign import NotebookNotary
+
+    assert prepared_lab.prepared.count("\n") == 1 and "news pop-up off" in prepared_lab.prepared
+    notary = NotebookNotary(data_dir=str(prepared_lab.data_dir))
+    for nb, content in prepared_lab.before.items():
+        assert notary.check_signature(read(nb, as_version=4)), f"{nb.name} is not trusted"
+        assert nb.read_bytes() == content  # trusted without changing the file
+    installed = prepared_lab.app_dir / "settings" / "overrides.d" / "pgqueue-course.json"
+    shipped = ROOT / "binder" / "jupyterlab-overrides.json"
+    assert json.loads(installed.read_text()) == json.loads(shipped.read_text())
+    lab = prepared_lab.lab
+    request = urllib.request.Request(
+        f"{lab.url}/lab/api/settings/@jupyterlab/apputils-extension:notification",
+        headers={"Authorization": f"token {lab.token}"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        schema = json.load(response)["schema"]["properties"]
     assert schema["fetchNews"]["default"] == "false"  # JupyterLab asks nothing, shows none
     assert schema["checkForUpdates"]["default"] is False
+
+
+NEWS_TOAST = ".Toastify__toast"  # JupyterLab's notifications ("...official Jupyter news?")
+SLIDER = ".jp-Notebook .widget-slider"
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_first_notebook_page_has_no_pop_up_and_04_shows_its_sliders_unrun(
+    prepared_lab: PreparedLab, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if not CHROMIUM.exists():
+        _unavailable(f"{CHROMIUM} is missing: apt-get install chromium")
+    from playwright.sync_api import sync_playwright
+
+    lab, notebook = prepared_lab.lab, "notebooks/04-fencing-tokens.ipynb"
+    screenshot = tmp_path / "04-unrun.png"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS, headless=True
+        )
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            page.goto(f"{lab.url}/lab/tree/{notebook}?token={lab.token}")
+            # Nothing is run: the sliders come from the widget state saved in the notebook,
+            # which JupyterLab renders only in a trusted one.
+            page.locator(SLIDER).first.wait_for(timeout=90_000)
+            page.wait_for_timeout(3000)  # the news question comes soon after start-up
+            assert page.locator(NEWS_TOAST).all_inner_texts() == []
+        finally:
+            page.screenshot(path=str(screenshot))
+            with capsys.disabled():
+                print(f"\nscreenshot of {notebook}, unrun: {screenshot}")
+            browser.close()
