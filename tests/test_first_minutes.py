@@ -165,6 +165,11 @@ def test_stats_does_not_read_a_large_table_never_analyzed(queue: Queue, dsn: str
     assert size > 8 * 1024 * 1024
     [finished] = [r for r in queue.stats() if r["estimated"]]
     assert finished["jobs"] is None and not finished["counted"]
+    from pgqueue import statements
+
+    explain = "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + statements.query("stats_rows")
+    plan = "\n".join(r[0] for r in rows(dsn, explain))
+    assert "Seq Scan on jobs (never executed)" in plan, plan  # the table was not read
 
 
 # -- pgqueue demo ----------------------------------------------------------------------------
