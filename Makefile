@@ -8,11 +8,18 @@ STAMP  := $(VENV)/.installed
 
 setup: $(STAMP)
 
+# In a terminal pip shows what it fetches and installs, with its progress bars; elsewhere
+# (CI logs, a pipe) it stays quiet.
 $(STAMP): pyproject.toml
+	@echo "make setup: a virtual environment in $(VENV) with pgqueue, JupyterLab and the test tools"
+	@echo "            (about 120 packages: a minute or two the first time)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	@if [ -t 1 ]; then quiet=; else quiet=--quiet; fi; \
+	echo "$(PY) -m pip install -e '.[dev]' $$quiet"; \
+	$(PY) -m pip install -e '.[dev]' $$quiet
 	touch $(STAMP)
+	@echo "make setup: done. Next: make demo (the story in the terminal), make course (JupyterLab)"
 
 ## make test: library tests, fault tests and every notebook (nbval), on a throwaway server
 test: setup
@@ -39,6 +46,7 @@ soak: setup
 
 ## make course: open the notebooks in JupyterLab
 course: setup
+	PATH="$(abspath $(VENV))/bin:$$PATH" binder/prepare-lab
 	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/01-the-table.ipynb
 
 ## make demo: the paused-worker story in the terminal

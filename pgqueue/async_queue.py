@@ -77,6 +77,7 @@ from .params import (
     _retry_dead_plan,
     _schedule_clock,
     _stats_rows,
+    _your_async_conn,
     pgqueue_error,
 )
 from .periodic import Schedule, tick_params
@@ -116,8 +117,9 @@ class AsyncQueue:
 
     ``async with AsyncQueue(dsn) as q:`` opens it (or ``await q.open()``); every method of
     ``Queue`` is here with the same name and arguments, awaited. Pass ``conn=`` (an
-    ``AsyncConnection``) to ``enqueue``/``enqueue_many`` to write inside your own
-    transaction: the job commits or rolls back with your data.
+    ``AsyncConnection``, or SQLAlchemy's ``AsyncConnection`` or ``AsyncSession`` on psycopg
+    3) to ``enqueue``/``enqueue_many`` to write inside your own transaction: the job
+    commits or rolls back with your data.
     """
 
     def __init__(
@@ -245,11 +247,12 @@ class AsyncQueue:
         priority: int = 0,
         key: str | None = None,
         group: str | None = None,
-        conn: psycopg.AsyncConnection | None = None,
+        conn: psycopg.AsyncConnection | Any = None,
     ) -> int:
         """``Queue.enqueue``: add one job and return its id (inside ``conn``'s transaction
         if given); a live job holding ``key`` is returned instead of adding one."""
         params = _enqueue_params(payload, queue, delay, run_at, max_attempts, priority, key, group)
+        conn = await _your_async_conn(conn)
         for _ in range(_KEY_TRIES):
             row = await self._one("enqueue", params, conn)
             if row is not None:
@@ -267,7 +270,7 @@ class AsyncQueue:
         priority: int = 0,
         keys: Sequence[str | None] | None = None,
         group: str | None = None,
-        conn: psycopg.AsyncConnection | None = None,
+        conn: psycopg.AsyncConnection | Any = None,
     ) -> list[int]:
         """``Queue.enqueue_many``: many jobs in one write, all or none; their ids in order."""
         params = _enqueue_many_params(
@@ -276,6 +279,7 @@ class AsyncQueue:
         how = _enqueue_many_route(params)
         if how == "none":
             return []
+        conn = await _your_async_conn(conn)
         if how == "insert":
             return [int(r[0]) for r in await self._all("enqueue_many", params, conn)]
         reserve = params | {"n": len(params["payloads"])}

@@ -105,13 +105,16 @@ class AsyncWorker(Face):
                     loop.add_signal_handler(sig, self._on_signal)
                     previous[sig] = before
         try:
-            await self.start()
-            await self.engine.serve()
-            await self.stop(grace)
+            with self._told():
+                try:
+                    await self.start()
+                    await self.engine.serve()
+                    await self.stop(grace)
+                finally:
+                    if self.engine.phase < Phase.CLOSED:  # cancelled: stop now; leases run out
+                        self.engine.request_stop(force=True)
+                        await asyncio.shield(self.stop(0.0))
         finally:
-            if self.engine.phase < Phase.CLOSED:  # cancelled: stop now; leases run out
-                self.engine.request_stop(force=True)
-                await asyncio.shield(self.stop(0.0))
             for sig, before in previous.items():
                 loop.remove_signal_handler(sig)
                 signal.signal(sig, before if before is not None else signal.SIG_DFL)

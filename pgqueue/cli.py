@@ -8,9 +8,11 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -424,11 +426,16 @@ def cmd_stats(args: argparse.Namespace) -> None:
             print(f"{row['queue']:<20} {row['status']:<9} {row['jobs']:>8} {age_text:>17}  {error}")
     for row in rows:
         if row["estimated"]:
-            jobs = "unknown until the table is analyzed" if row["jobs"] is None else row["jobs"]
-            print(f"finished (done or cancelled), all queues, estimated: {jobs}")
+            print(f"finished (done or cancelled), all queues, {_finished_text(row)}")
     for s in schedules:
         last, following = _utc(s.last_slot), _utc(s.next_slot) if s.next_slot else "unknown"
         print(f"schedule {s.name} ({s.spec}) on {s.queue!r}: last slot {last}, next {following}")
+
+
+def _finished_text(row: dict[str, Any]) -> str:
+    if row["jobs"] is None:  # never analyzed, and too big to count on every call
+        return "estimated: unknown until the table is analyzed (ANALYZE jobs; autovacuum will)"
+    return f"{'counted' if row.get('counted') else 'estimated'}: {row['jobs']}"
 
 
 def _utc(t: datetime) -> str:
@@ -533,3 +540,21 @@ def cmd_demo(args: argparse.Namespace) -> None:
     except psycopg.errors.InsufficientPrivilege:
         print(f"database: {mask_dsn(dsn)} (no right to create one; the demo tidies up)")
         run_demo(dsn, pause=args.pause, tidy=True)
+    from .server import default_server
+
+    server = default_server()
+    if dsn == server.dsn():  # no DSN configured: the demo started (or found) this one
+        print(
+            f"\nThe embedded PostgreSQL server is still running (data in {server.data}), "
+            f"for the course and the next command.\nStop it with: {_this_command()} server stop"
+        )
+
+
+def _this_command() -> str:
+    """How to run this command again: ``pgqueue`` if that is the one on PATH, else as it was
+    run (``.venv/bin/pgqueue`` from ``make demo``), or ``python -m pgqueue``."""
+    script = Path(sys.argv[0])
+    if script.name != "pgqueue":
+        return "python -m pgqueue"
+    on_path = shutil.which("pgqueue")
+    return "pgqueue" if on_path and Path(on_path).resolve() == script.resolve() else str(script)

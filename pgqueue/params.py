@@ -610,16 +610,22 @@ def _stats_rows(
 
 
 def _finished_estimate(rows: list[dict[str, Any]], total: tuple[Any, ...] | None) -> dict[str, Any]:
-    """The 'finished' row of ``stats``: the planner's row estimate less the live jobs."""
-    live = sum(r["jobs"] for r in rows)
-    estimate = None if not total or total[0] < 0 else max(0, round(total[0]) - live)
+    """The 'finished' row of ``stats``: the planner's row estimate less the live jobs; before
+    the table was ever analyzed, the count of a small table (``counted``), else None."""
+    reltuples, counted = total or (-1.0, None)
+    if counted is not None:
+        jobs: int | None = int(counted)
+    else:
+        live = sum(r["jobs"] for r in rows)
+        jobs = None if reltuples < 0 else max(0, round(reltuples) - live)
     return {
         "queue": None,
         "status": "finished",
-        "jobs": estimate,
+        "jobs": jobs,
         "oldest_ready_seconds": None,
         "latest_error": None,
-        "estimated": True,
+        "estimated": True,  # the finished row: not read through the partial indexes
+        "counted": counted is not None,
     }
 
 
@@ -665,3 +671,67 @@ class _Pruning:
 def _schedule_clock(rows: list[tuple[Any, ...]]) -> tuple[datetime, dict[str, datetime]]:
     """``schedule_clock``'s reply: the server's clock, and each schedule's last slot."""
     return rows[0][0], {r[1]: r[2] for r in rows if r[1] is not None}
+
+
+# -- conn=: your own transaction, on psycopg 3 directly or through SQLAlchemy ---------------
+
+
+def _your_conn(conn: object) -> psycopg.Connection | None:
+    """``conn=`` of ``Queue``: a psycopg connection as it is, or a SQLAlchemy ``Connection``
+    or ``Session`` on psycopg 3 unwrapped to the psycopg connection under it, with its
+    SQLAlchemy transaction begun (a Session's ``connection()`` begins it), so that the job
+    commits or rolls back with that transaction."""
+    if conn is None or isinstance(conn, psycopg.Connection):
+        return conn
+    if _from_sqlalchemy(conn):
+        from sqlalchemy.engine import Connection
+        from sqlalchemy.orm import Session, scoped_session
+
+        if isinstance(conn, Session | scoped_session):
+            conn = conn.connection()
+        if isinstance(conn, Connection):
+            if not conn.in_transaction():
+                conn.begin()  # else its commit() would find nothing begun to commit
+            raw = conn.connection.driver_connection
+            return _driver(raw, psycopg.Connection, conn.dialect.driver)
+    raise _not_a_conn(conn, "Connection or Session")
+
+
+async def _your_async_conn(conn: object) -> psycopg.AsyncConnection | None:
+    """``conn=`` of ``AsyncQueue``: a psycopg ``AsyncConnection``, or SQLAlchemy's
+    ``AsyncConnection`` or ``AsyncSession`` on psycopg 3 (``postgresql+psycopg://``),
+    unwrapped as ``_your_conn`` does."""
+    if conn is None or isinstance(conn, psycopg.AsyncConnection):
+        return conn
+    if _from_sqlalchemy(conn):
+        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
+
+        if isinstance(conn, AsyncSession | async_scoped_session):
+            conn = await conn.connection()
+        if isinstance(conn, AsyncConnection):
+            if not conn.in_transaction():
+                await conn.begin()
+            raw = (await conn.get_raw_connection()).driver_connection
+            return _driver(raw, psycopg.AsyncConnection, conn.dialect.driver)
+    raise _not_a_conn(conn, "AsyncConnection or AsyncSession")
+
+
+def _from_sqlalchemy(conn: object) -> bool:
+    return type(conn).__module__.split(".")[0] == "sqlalchemy"  # never imports SQLAlchemy
+
+
+def _driver(raw: object, kind: type[Any], driver: str) -> Any:
+    if not isinstance(raw, kind):
+        raise BadInput(
+            f"conn= is a SQLAlchemy connection on the {driver!r} driver; pgqueue joins only "
+            "a transaction on psycopg 3: create the engine from a postgresql+psycopg:// URL"
+        )
+    return raw
+
+
+def _not_a_conn(conn: object, sqlalchemy_kinds: str) -> BadInput:
+    kind = "AsyncConnection" if "Async" in sqlalchemy_kinds else "Connection"
+    return BadInput(
+        f"conn= must be a psycopg {kind} or a SQLAlchemy {sqlalchemy_kinds} on psycopg 3, "
+        f"got {type(conn).__module__}.{type(conn).__qualname__}"
+    )

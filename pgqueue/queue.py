@@ -54,6 +54,7 @@ from .params import (
     _fail_params,
     _failed,
     _finished_estimate,
+    _from_sqlalchemy,
     _held,
     _job_id,
     _key_race,
@@ -70,6 +71,7 @@ from .params import (
     _retried,
     _retry_dead_plan,
     _stats_rows,
+    _your_conn,
     pgqueue_error,
 )
 from .steps import StepState
@@ -129,7 +131,9 @@ class Queue:
     """The jobs table behind one connection (opened from a DSN, or yours).
 
     Pass ``conn=`` to ``enqueue``/``enqueue_many`` to write the job inside your own
-    transaction: it then commits or rolls back with your data.
+    transaction: it then commits or rolls back with your data. ``conn`` (and ``target``)
+    may be a psycopg connection, or a SQLAlchemy ``Connection`` or ``Session`` on psycopg 3
+    (``postgresql+psycopg://``), whose transaction the job joins (docs/sqlalchemy.md).
     """
 
     def __init__(
@@ -139,6 +143,8 @@ class Queue:
         application_name: str = "pgqueue",
         pgbouncer: bool | None = None,
     ) -> None:
+        if _from_sqlalchemy(target):  # Queue(session): the psycopg connection under it
+            target = _your_conn(target)
         self._owned = not isinstance(target, psycopg.Connection)
         # Behind PgBouncer in transaction mode (``pgbouncer=True`` or PGQUEUE_PGBOUNCER=1)
         # nothing is prepared on the server; otherwise every statement is, once.
@@ -253,7 +259,7 @@ class Queue:
         priority: int = 0,
         key: str | None = None,
         group: str | None = None,
-        conn: psycopg.Connection | None = None,
+        conn: psycopg.Connection | Any = None,
     ) -> int:
         """Add one job and return its id (inside ``conn``'s transaction if given). Higher
         ``priority`` runs first; among equals, the oldest ``run_at``, then the first in.
@@ -262,6 +268,7 @@ class Queue:
         of one ``group`` (a tenant, say) run at most ``per_group`` at a time when their
         queue has a limit (``Queue.limit``); without a limit a group changes nothing."""
         params = _enqueue_params(payload, queue, delay, run_at, max_attempts, priority, key, group)
+        conn = _your_conn(conn)
         for _ in range(_KEY_TRIES):
             row = self._run("enqueue", params, conn).fetchone()
             if row is not None:
@@ -281,7 +288,7 @@ class Queue:
         priority: int = 0,
         keys: Sequence[str | None] | None = None,
         group: str | None = None,
-        conn: psycopg.Connection | None = None,
+        conn: psycopg.Connection | Any = None,
     ) -> list[int]:
         """Add many jobs in one write (an INSERT, or a COPY from ``COPY_FROM`` jobs on), all or
         none; return their ids in order (the order they will be claimed in, among equals).
@@ -294,6 +301,7 @@ class Queue:
         how = _enqueue_many_route(params)
         if how == "none":
             return []
+        conn = _your_conn(conn)
         if how == "keyed":
             return self._keyed_many(params, conn)
         if how == "copy":
@@ -518,7 +526,9 @@ class Queue:
         the latest error. By default only ready, running and dead jobs are counted, through
         their partial indexes, plus one row (queue None, status 'finished', ``estimated``)
         estimating the done and cancelled ones from the planner's statistics: cheap at
-        millions of rows. ``exact=True`` counts every status by reading the whole table."""
+        millions of rows. Before the table was first analyzed, a table of at most 8 MB has
+        them counted (``counted`` True); a larger one gives None. ``exact=True`` counts
+        every status by reading the whole table."""
         cur = self._run("stats_exact" if exact else "stats", {})
         rows = _stats_rows(cur.description, cur.fetchall())
         if not exact:

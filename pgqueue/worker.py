@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import signal
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +87,25 @@ class Face:
             f"{o.name}: {describe_dsn(o.dsn)}; queues {', '.join(o.queues)}; {what}, "
             f"batch {o.batch}, lease {o.lease:g}s"
         )
+
+    def _summary(self) -> str:
+        """The last line of a run: what it did (the CLI's last line)."""
+        return (
+            f"{self.options.name}: {self.done} done, {self.failed} failed attempts "
+            f"({self.dead} now dead, {self.timed_out} timed out), "
+            f"{self.rejected} late writes refused"
+        )
+
+    @contextmanager
+    def _told(self) -> Iterator[None]:
+        """Around ``run()``: log its first line (the banner) and its last (the summary),
+        on stderr if the application configured no logging (see ``console_logging``)."""
+        with console_logging():
+            try:
+                yield
+            finally:
+                if self.engine.phase != Phase.NEW:  # it started: say how it went
+                    log.info("%s", self._summary())
 
     # -- seams: no-ops here; the course's FaultyWorker (pgqueue.course.faults) freezes
     # or kills the worker at these points to replay the failure stories ------------------
@@ -191,10 +213,11 @@ class Worker(Face):
             for sig in (signal.SIGINT, signal.SIGTERM):
                 previous[sig] = signal.signal(sig, self._on_signal)
         try:
-            self.start()
-            while not self.engine.stopping and self._working():
-                time.sleep(0.05)
-            self.stop(grace)
+            with self._told():
+                self.start()
+                while not self.engine.stopping and self._working():
+                    time.sleep(0.05)
+                self.stop(grace)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -211,6 +234,29 @@ class Worker(Face):
     def _halt(self) -> None:
         """Stop at once and write nothing more: the leases run out, the reaper returns the jobs."""
         self.engine.halt()
+
+
+@contextmanager
+def console_logging() -> Iterator[None]:
+    """While a worker runs: if the application configured no logging at all (the root logger
+    has no handler, nor has ``pgqueue``'s but its NullHandler), print the package's log on
+    stderr as the CLI does: the banner, each failed attempt, the summary. Otherwise change
+    nothing: the application's logging decides."""
+    package, root = logging.getLogger("pgqueue"), logging.getLogger()
+    if root.handlers or any(not isinstance(h, logging.NullHandler) for h in package.handlers):
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
+    level = package.level
+    package.addHandler(handler)
+    if level == logging.NOTSET:
+        package.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(level)
 
 
 def _log_signal(name: str, again: bool) -> None:

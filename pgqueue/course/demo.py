@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from ..events import EventLog
+from ..events import Event, EventLog
 from ..job import Job
 from ..queue import Queue
 from ..worker import Worker
@@ -41,20 +41,24 @@ def run_demo(dsn: str, *, pause: float = 2.0, lease: float = 1.0, tidy: bool = F
             job.fenced_write("demo_reports", {"id": 1}, {"body": f"written by fence {job.fence}"})
 
         events = EventLog()
+        b_starts = lease * 1.6
+        print(
+            f"lease {lease:g} s: a worker that does not renew it in time loses the job.\n"
+            f"A freezes for {pause:g} s right after its claim (its lease ends while it "
+            f"sleeps); B starts at {b_starts:.1f} s.\n"
+        )
         common = dict(queue=QUEUE, dsn=dsn, lease=lease, poll_interval=0.1, reap_interval=0.2)
         a = FaultyWorker(write_report, name="A", events=events, **common)  # type: ignore[arg-type]
         a.pause_on_next_claim(pause)
         a.start()
-        time.sleep(lease * 1.6)
+        time.sleep(b_starts)
         b = Worker(write_report, name="B", events=events, **common).start()  # type: ignore[arg-type]
         time.sleep(pause)
         a.stop(grace=2)
         b.stop(grace=2)
 
-        for e in events.events():
-            if e.kind in _SAY:
-                line = _SAY[e.kind].format(**e._asdict())
-                print(f"{e.t - events.started:6.2f}s  {e.worker:>2}  {line}")
+        for t, worker, line in _story(events.events(), lease):
+            print(f"{t - events.started:6.2f}s  {worker:>2}  {line}")
         body, fence = q.conn.execute("SELECT body, fence FROM demo_reports").fetchone() or ("", 0)
         status, final = q.conn.execute(
             "SELECT status, fence FROM jobs WHERE id = %s", [job_id]
@@ -65,3 +69,18 @@ def run_demo(dsn: str, *, pause: float = 2.0, lease: float = 1.0, tidy: bool = F
             q.conn.execute("DROP TABLE demo_reports")
             q.conn.execute("DELETE FROM jobs WHERE queue = %s", [QUEUE])
     return events
+
+
+def _story(events: list[Event], lease: float) -> list[tuple[float, str, str]]:
+    """The timeline's lines: what the events say, plus when A's lease ends and when it
+    wakes (known from its claim and its pause, so marked 'about')."""
+    lines = [(e.t, e.worker, _SAY[e.kind].format(**e._asdict())) for e in events if e.kind in _SAY]
+    claims = {e.worker: e for e in events if e.kind == "claim"}
+    for e in events:
+        if e.kind == "pause" and e.worker in claims:
+            claim, seconds = claims[e.worker], float(e.detail)
+            lines.append(
+                (claim.t + lease, e.worker, f"(about now its lease on job {claim.job_id} ends)")
+            )
+            lines.append((e.t + seconds, e.worker, f"wakes up after {seconds:g} s, unaware"))
+    return sorted(lines, key=lambda line: line[0])
