@@ -278,6 +278,14 @@ def test_immediate_runs_through_claim_and_fenced_completion(db: str, heard: list
     ]
     assert attempt.using(backend="immediate").enqueue().return_value == 1
 
+    from django.db import transaction
+
+    with pytest.raises(ZeroDivisionError), transaction.atomic():
+        inside = add.using(backend="immediate").enqueue(1, 1)
+        assert inside.return_value == 2  # run at once, inside the block
+        1 / 0  # noqa: B018
+    assert rows(db, "SELECT count(*) FROM jobs WHERE id = %s", [int(inside.id)]) == [(0,)]
+
 
 def test_immediate_system_exit_fails_and_keyboard_interrupt_propagates(
     db: str, heard: list
@@ -325,6 +333,24 @@ def test_worker_signals_each_once_and_context_attempt_counts_claims(db: str, hea
     dead = always_fails.get_result(failing.id)
     assert dead.status == TaskResultStatus.FAILED and dead.attempts == 3
     assert [e.exception_class for e in dead.errors] == [ValueError] * 3
+
+
+def test_a_task_past_its_timeout_fails_and_its_late_end_changes_nothing(
+    db: str, heard: list
+) -> None:
+    from django.tasks import TaskResultStatus
+    from shop.tasks import sleepy
+
+    late = sleepy.enqueue(2)  # backend "short": TIMEOUT 0.5 s, MAX_ATTEMPTS 1
+    in_process_worker("--backend", "short")
+    failed = sleepy.get_result(late.id)
+    assert failed.status == TaskResultStatus.FAILED and failed.attempts == 1
+    [error] = failed.errors
+    assert error.exception_class_path == "pgqueue.errors.JobFailed"
+    assert "ran past the 0.5 s timeout" in error.traceback
+    time.sleep(2)  # the handler returns meanwhile, on its retired lane: nothing changes
+    assert sleepy.get_result(late.id) == failed
+    assert [s for s, i, _ in heard if i == late.id] == ["enqueued", "started"]
 
 
 def test_a_return_value_that_cannot_be_stored_fails_the_task_at_once(db: str) -> None:

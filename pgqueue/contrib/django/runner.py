@@ -86,10 +86,11 @@ class Runner:
         except (TypeError, ValueError, BadInput) as exc:
             self._failed(job, store, result, exc, final=True)
             raise GiveUp(f"task {task.module_path}: {describe(exc)}") from exc
-        with store.use() as queue:
-            _end(result, TaskResultStatus.SUCCESSFUL, store.now(queue))
-        object.__setattr__(result, "_return_value", value)
-        task_finished.send(sender=sender, task_result=result)
+        if not job.lost:  # (timed out, cancelled, taken over: the stored end is another)
+            with store.use() as queue:
+                _end(result, TaskResultStatus.SUCCESSFUL, store.now(queue))
+            object.__setattr__(result, "_return_value", value)
+            task_finished.send(sender=sender, task_result=result)
         return value
 
     def __call__(self, job: Job) -> Any:
@@ -107,7 +108,7 @@ class Runner:
         """Record a failed attempt; if it was the last, the task FAILED: ``task_finished``
         (called inside the ``except``, so Django's log line carries the traceback)."""
         error = self._record(job, store, exc)
-        if not final:
+        if not final or job.lost:
             return
         if error is not None:
             result.errors.append(error)

@@ -30,6 +30,11 @@ TASKS = {
             "BACKOFF": 0,  # a failed attempt is retried at once
         },
     },
+    "short": {
+        "BACKEND": "pgqueue.contrib.django.TaskBackend",
+        "QUEUES": ["slow"],
+        "OPTIONS": {"TIMEOUT": 0.5, "MAX_ATTEMPTS": 1},
+    },
     "immediate": {
         "BACKEND": "pgqueue.contrib.django.TaskBackend",
         "QUEUES": [],

@@ -75,6 +75,12 @@ def interrupts() -> None:
     raise KeyboardInterrupt("stop")
 
 
+@task(backend="short", queue_name="slow")
+def sleepy(seconds: float) -> str:
+    time.sleep(seconds)
+    return "woke"
+
+
 @task(takes_context=True)
 def hang_first(context: TaskContext, marker: str) -> int:
     """Write ``marker.N`` for attempt N; the first attempt then hangs (to be SIGKILLed)."""
