@@ -55,7 +55,8 @@ class Runner:
     def run(self, job: Job, store: Store) -> Any:
         with store.use() as queue:
             state = queue.get(job.id)
-            steps = queue.steps(job.id)
+            # A first attempt has no steps yet: a claim given back unstarted wrote none.
+            steps = queue.steps(job.id) if job.attempts > 1 else []
         if state is None:  # deleted under us (prune of a done job cannot: it is running)
             raise LeaseLost(f"job {job.id} is gone")
         try:
