@@ -25,8 +25,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_CACHE = HERE.parent.parent / ".venv-django" / "sdist"
-_VERDICT = re.compile(r"^(test\w*) \(([\w.]+)\)(?: \[.*\])? \.\.\. (ok|FAIL|ERROR|skipped.*)$")
-_VERDICT_LINE = re.compile(r"^(FAIL|ERROR): (test\w*) \(([\w.]+)\)")
+_NAMED = re.compile(r"^\s*(test\w*) \(([\w.]+)\)(?: \[.*\])? \.\.\. ?(.*)$")
+_SUMMARY = re.compile(r"^(FAIL|ERROR): (test\w*) \(([\w.]+)\)")
 
 
 def sdist(cache: Path) -> Path:
@@ -76,18 +76,25 @@ def run(dsn: str, cache: Path = DEFAULT_CACHE) -> subprocess.CompletedProcess[st
 
 
 def outcomes(output: str) -> dict[str, str]:
-    """Each test's verdict, ``Class.test_name`` -> ok, FAIL, ERROR or skipped (a test with
-    a failing subtest is FAIL)."""
+    """Each test's verdict, ``Class.test_name`` -> ok, FAIL, ERROR or skipped: every test
+    the runner names is ok unless its summary lists it as FAIL or ERROR (a test with a
+    failing subtest included) or its line says skipped."""
     found: dict[str, str] = {}
     for line in output.splitlines():
-        if m := _VERDICT.match(line):
+        if m := _NAMED.match(line):
             name = f"{m.group(2).rsplit('.', 2)[-2]}.{m.group(1)}"
-            found.setdefault(name, m.group(3).split()[0])
-        elif m := _VERDICT_LINE.match(line):
-            name = f"{m.group(3).rsplit('.', 2)[-2]}.{m.group(2)}"
-            if found.get(name) in (None, "ok"):
-                found[name] = m.group(1)
+            skipped = m.group(3).startswith("skipped")
+            found.setdefault(name, "skipped" if skipped else "ok")
+    for line in output.splitlines():
+        if m := _SUMMARY.match(line):
+            found[f"{m.group(3).rsplit('.', 2)[-2]}.{m.group(2)}"] = m.group(1)
     return found
+
+
+def ran(output: str) -> int:
+    """How many tests the runner says it ran (``Ran N tests``); 0 if it did not say."""
+    found = re.search(r"^Ran (\d+) tests? in ", output, flags=re.MULTILINE)
+    return int(found.group(1)) if found else 0
 
 
 def main() -> int:

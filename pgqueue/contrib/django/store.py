@@ -79,8 +79,8 @@ class OwnStore(Store):
     @contextmanager
     def use(self) -> Iterator[Queue]:
         if not self.keep:
-            with Queue(connect(self.dsn, application_name="pgqueue django")) as queue:
-                yield queue
+            with connect(self.dsn, application_name="pgqueue django") as conn:
+                yield Queue(conn)
             return
         queue: Queue | None = getattr(self._local, "queue", None)
         if queue is None or queue.conn.closed or queue.conn.broken:
