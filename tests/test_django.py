@@ -257,8 +257,14 @@ def test_a_missing_id_and_another_task_s_id_are_told_apart(db: str) -> None:
         add.get_result(marked.id)
     with Queue(db) as q:  # a pgqueue job that is no Django task
         plain = q.enqueue({"to": "a@example.com"})
+        cancelled = add.enqueue(1, 2)
+        assert q.cancel(int(cancelled.id))
     with pytest.raises(TaskResultDoesNotExist, match="not a Django task"):
         add.get_result(str(plain))
+    ended = add.get_result(cancelled.id)
+    assert ended.status == "FAILED" and ended.finished_at is not None
+    assert [e.exception_class_path for e in ended.errors] == ["pgqueue.errors.JobFailed"]
+    assert ended.errors[0].exception_class.__name__ == "JobFailed"
 
 
 # -- running: IMMEDIATE ----------------------------------------------------------------
@@ -426,9 +432,10 @@ def test_a_task_the_worker_cannot_import_fails_with_the_import_error(db: str) ->
     late, after = newer.enqueue(), add.enqueue(1, 2)
     burst(db, env={"PGQUEUE_DJANGO_OLD": "1"})  # a worker of an older deploy
     failed = newer.get_result(late.id)  # read by a process that has the module
-    assert failed.status == TaskResultStatus.FAILED and failed.attempts == 0
-    assert failed.errors[0].exception_class is ImportError
-    assert "shop.late is not in this deploy" in failed.errors[0].traceback
+    assert failed.status == TaskResultStatus.FAILED and failed.attempts == 1
+    [error] = failed.errors
+    assert error.exception_class is ImportError
+    assert "shop.late is not in this deploy" in error.traceback
     assert add.get_result(after.id).return_value == 3  # the worker went on
 
 

@@ -59,16 +59,16 @@ class Runner:
             steps = queue.steps(job.id) if job.attempts > 1 else []
         if state is None:  # deleted under us (prune of a done job cannot: it is running)
             raise LeaseLost(f"job {job.id} is gone")
-        try:
-            task = stored.load_task(stored.fields(job.payload, job.id))
-        except Exception as exc:  # ImportError, InvalidTask, a malformed row
-            self._record(job, store, exc)
-            raise GiveUp(f"job {job.id}: {describe(exc)}") from exc
         name = f"{stored.ATTEMPT}{job.fence}"
         attempt = {"worker_id": self.worker_id, "started_at": stored._text(state.started_at)}
         with store.use():
             job.step(name, lambda: attempt)
         steps.append(StepState(name, job.fence, state.started_at, attempt))
+        try:
+            task = stored.load_task(stored.fields(job.payload, job.id))
+        except Exception as exc:  # ImportError, InvalidTask, a malformed row: run nothing
+            self._record(job, store, exc)
+            raise GiveUp(f"job {job.id}: {describe(exc)}") from exc
         result = stored.task_result(task, state, steps)
         sender = type(task.get_backend())
         task_started.send(sender=sender, task_result=result)

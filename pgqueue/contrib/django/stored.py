@@ -6,7 +6,7 @@ Nothing is added to pgqueue's schema. The job's payload holds what enqueue knew:
                 "priority": 0, "run_after": null, "args": [...], "kwargs": {...},
                 "enqueued_at": "2026-12-01T22:00:00.123456+00:00"}}
 
-Each claim that starts the task stores a durable step ``attempt F`` (F: the claim's fence)
+Each claim a worker runs stores a durable step ``attempt F`` (F: the claim's fence)
 with the worker's id and when the claim began, and each attempt that raised a step
 ``error F`` with the exception's class path and traceback: both are written under the
 claim, so a stale holder writes neither. The job's status, ``started_at``, ``finished_at``,
@@ -101,7 +101,8 @@ def task_result(task: Task, state: JobState, steps: list[StepState]) -> TaskResu
     ]
     status = STATUS[state.status]
     last_claim = attempts[-1].fence if attempts else None
-    if status == TaskResultStatus.FAILED and (not failures or failures[-1].fence != last_claim):
+    unexplained = not failures or (last_claim is not None and failures[-1].fence < last_claim)
+    if status == TaskResultStatus.FAILED and unexplained:
         # It ended without an exception of its own: a timeout, a lease that ran out on
         # the last attempt, a cancel. last_error says which.
         errors.append(
