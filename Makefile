@@ -63,3 +63,9 @@ format: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+## make test-django: the django.tasks backend's tests and Django's own tests/tasks suite,
+## in .venv-django (Django 6 needs Python >= 3.12: skipped with a message where none is found)
+.PHONY: test-django
+test-django:
+	bash .ci/django-suite

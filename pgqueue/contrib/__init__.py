@@ -1,0 +1,4 @@
+"""pgqueue's integrations: each imports its framework only when it is used.
+
+- ``pgqueue.contrib.django``: a ``django.tasks`` backend and its ``pgqueue_worker`` command.
+"""

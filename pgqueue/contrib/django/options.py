@@ -1,0 +1,84 @@
+"""A backend's ``OPTIONS``, checked once: an unknown key or a bad value is Django's
+``ImproperlyConfigured``, in one line naming the key."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from pgqueue.errors import BadInput
+from pgqueue.options import whole
+from pgqueue.params import MAX_ATTEMPTS, MAX_BACKOFF, MAX_LEASE, _lease, _seconds
+
+KEYS = ("DSN", "LEASE", "MAX_ATTEMPTS", "BACKOFF", "TIMEOUT", "IMMEDIATE")
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """``DSN``: the task database (None: Django's own when it is PostgreSQL, else pgqueue's
+    usual order); ``LEASE``, ``BACKOFF``, ``TIMEOUT``: the worker's (seconds);
+    ``MAX_ATTEMPTS``: each task's; ``IMMEDIATE``: run each task at enqueue, in the caller."""
+
+    dsn: str | None = None
+    lease: float = 30.0
+    max_attempts: int = 5
+    backoff: float = 1.0
+    timeout: float | None = None
+    immediate: bool = False
+
+    @classmethod
+    def of(cls, alias: str, options: Mapping[str, Any]) -> BackendOptions:
+        where = f"TASKS[{alias!r}]['OPTIONS']"
+        if not isinstance(options, Mapping):
+            raise ImproperlyConfigured(f"{where} must be a dict, got {options!r}")
+        for key in options:
+            if key not in KEYS:
+                raise ImproperlyConfigured(
+                    f"{where} has an unknown key {key!r}; the keys are {', '.join(KEYS)}"
+                )
+
+        def check(key: str, parse: Any, default: object) -> Any:
+            try:
+                return parse(options.get(key, default))
+            except BadInput as exc:
+                raise ImproperlyConfigured(f"{where}[{key!r}]: {exc}") from None
+
+        return cls(
+            dsn=check("DSN", _dsn, None),
+            lease=check("LEASE", _lease, 30.0),
+            max_attempts=check("MAX_ATTEMPTS", _attempts, 5),
+            backoff=check("BACKOFF", _backoff, 1.0),
+            timeout=check("TIMEOUT", _timeout, None),
+            immediate=check("IMMEDIATE", _flag, False),
+        )
+
+
+def _attempts(value: object) -> int:
+    return whole("MAX_ATTEMPTS", value, 1, MAX_ATTEMPTS)
+
+
+def _backoff(value: object) -> float:
+    return _seconds("BACKOFF", value, upper=MAX_BACKOFF)
+
+
+def _dsn(value: object) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise BadInput(f"DSN must be a libpq connection string or URL (or None), got {value!r}")
+
+
+def _timeout(value: object) -> float | None:
+    if value is None:
+        return None
+    if not _seconds("TIMEOUT", value, upper=MAX_LEASE) > 0:
+        raise BadInput("TIMEOUT must be more than 0 seconds (or None for no timeout)")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _flag(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise BadInput(f"IMMEDIATE must be True or False, got {value!r}")
+    return value

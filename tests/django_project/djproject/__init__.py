@@ -1,0 +1,1 @@
+"""A small Django project on PostgreSQL, for tests/test_django.py."""

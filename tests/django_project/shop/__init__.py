@@ -1,0 +1,1 @@
+"""The test project's app: a model to write from tasks, and the tasks."""
