@@ -21,9 +21,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 	@echo "make setup: done. Next: make demo (the story in the terminal), make course (JupyterLab)"
 
-## make test: library tests, fault tests and every notebook (nbval), on a throwaway server
+## make test: library tests, fault tests and every notebook (nbval), on a throwaway server;
+## then the Django backend's tests (make test-django)
 test: setup
 	$(PY) -m pytest -n 2 --dist loadfile --nbval --nbval-sanitize-with notebooks/sanitize.cfg tests notebooks
+	bash .ci/django-suite
 
 ## make test-fast: the library tests without the slow process, fault, Binder and browser ones
 test-fast: setup
