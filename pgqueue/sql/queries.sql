@@ -103,7 +103,8 @@ claimed AS (
   )
   RETURNING id, queue, payload, fence, attempts, max_attempts, lease_until, priority, run_at
 )
-(SELECT id, queue, payload, fence, attempts, max_attempts, lease_until, run_at
+(SELECT id, queue, payload, fence, attempts, max_attempts, lease_until,
+        extract(epoch FROM now() - run_at)::float8 AS waited
  FROM claimed
  ORDER BY priority DESC, run_at, id)
 UNION ALL
@@ -201,7 +202,8 @@ claimed AS (
   RETURNING jobs.id, jobs.queue, jobs.payload, jobs.fence, jobs.attempts, jobs.max_attempts,
             jobs.lease_until, jobs.priority, jobs.run_at
 )
-(SELECT id, queue, payload, fence, attempts, max_attempts, lease_until, run_at
+(SELECT id, queue, payload, fence, attempts, max_attempts, lease_until,
+        extract(epoch FROM now() - run_at)::float8 AS waited
  FROM claimed
  ORDER BY priority DESC, run_at, id)
 UNION ALL

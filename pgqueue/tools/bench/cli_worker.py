@@ -104,7 +104,8 @@ def db_span(dsn: str) -> tuple[float, float, float]:
 # \gset variables, then complete_many with the ids and fences. The claim's row of NULLs
 # for a queue with a per-group limit is left out: the benchmark's queue has none.
 _CLAIM_TAIL = (
-    "(SELECT id, queue, payload, fence, attempts, max_attempts, lease_until, run_at\n"
+    "(SELECT id, queue, payload, fence, attempts, max_attempts, lease_until,\n"
+    "        extract(epoch FROM now() - run_at)::float8 AS waited\n"
     " FROM claimed\n ORDER BY priority DESC, run_at, id)\n"
     "UNION ALL\n"
     "SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM limited WHERE yes;"
@@ -117,7 +118,7 @@ _CLAIM_ARRAYS = (
     "  coalesce(array_agg(attempts), '{{}}') AS attempts,\n"
     "  coalesce(array_agg(max_attempts), '{{}}') AS max_attempts,\n"
     "  coalesce(array_agg(lease_until), '{{}}') AS leases,\n"
-    "  coalesce(array_agg(run_at), '{{}}') AS run_ats\n"
+    "  coalesce(array_agg(extract(epoch FROM now() - run_at)), '{{}}') AS waits\n"
     "FROM claimed \\gset"
 )
 
