@@ -1168,7 +1168,7 @@ def _plain_job(claimed: AsyncJob) -> Job:
         claimed.attempts,
         claimed.max_attempts,
         claimed.lease_until,
-        claimed.run_at,
+        claimed.waited,
         deadline=claimed.deadline,
     )
 

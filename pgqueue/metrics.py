@@ -147,7 +147,6 @@ class WorkerMetrics:
         assert options.metrics_port is not None
         self.options = options
         self.port = options.metrics_port  # the one listened on, once serving (0: any free)
-        self.lease = options.lease
         self.queues: dict[str, QueueCounts] = {name: QueueCounts() for name in options.queues}
         self._server: WSGIServer | None = None
         self._lock = threading.Lock()  # one read of the table at a time, one connection
@@ -163,13 +162,11 @@ class WorkerMetrics:
         return counts
 
     def claimed(self, jobs: Sequence[Job]) -> None:
-        """Each claimed job's wait: from its ``run_at`` to its claim (``lease_until`` less
-        the lease), both the server's times."""
-        lease = self.lease
+        """Each claimed job's wait: from its ``run_at`` to its claim, as the claim's
+        statement measured it on the server's clock (``Job.waited``)."""
         for job in jobs:
-            if job.run_at is not None and job.lease_until is not None:
-                wait = (job.lease_until - job.run_at).total_seconds() - lease
-                self._of(job.queue).wait.observe(wait if wait > 0.0 else 0.0)
+            if job.waited is not None:
+                self._of(job.queue).wait.observe(job.waited if job.waited > 0.0 else 0.0)
 
     def settled(self, action: str, ends: Iterable[tuple[Claim, str]]) -> None:
         """Jobs whose complete, fail or release ended ``ok``, ``refused`` or ``gave-up``;

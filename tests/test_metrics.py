@@ -167,6 +167,14 @@ def test_a_scrape_shows_each_outcome_both_histograms_and_the_live_gauges(dsn: st
         scrape(url)
 
 
+def test_the_claim_says_how_long_each_job_had_been_due(queue: Queue, dsn: str) -> None:
+    """``Job.waited``: the claim's own ``now() - run_at``, the server's clock only."""
+    (a_minute_ago,) = rows(dsn, "SELECT now() - interval '60 seconds'")[0]
+    queue.enqueue({}, queue="w", run_at=a_minute_ago)
+    [job] = queue.claim("w")
+    assert job.waited is not None and 60 <= job.waited < 3600
+
+
 def test_an_async_worker_counts_its_jobs_the_same_way(dsn: str) -> None:
     async def handler(job: Job) -> None:
         if job.payload["fail"]:
