@@ -31,6 +31,7 @@ class Claim:
     batch: Batch
     plain: bool
     started: float | None = None  # time.monotonic() when the handler began
+    ended: float | None = None  # time.monotonic() when the handler returned or raised
     timeout: float | None = None  # this job's (its task's, else the worker's)
     expiry_seen: bool = False  # its lease running out here was reported
     result: str | None = None  # the handler's return value as JSON text, to store with it

@@ -170,6 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="worker processes, each with --concurrency threads, under one supervisor that "
         "forwards signals and restarts one that dies (default 1: this process, no supervisor)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="N",
+        help="serve Prometheus metrics on port N at /metrics (needs pgqueue[metrics])",
+    )
 
     command("reap", cmd_reap, "return jobs with expired leases to the queue (or mark them dead)")
 
@@ -339,6 +345,11 @@ def load_handler(spec: str) -> Callable[..., Any]:
 def cmd_worker(args: argparse.Namespace) -> int | None:
     if not 1 <= args.processes <= 64:
         raise UsageError(f"--processes must be from 1 to 64, got {args.processes}")
+    if args.processes > 1 and args.metrics_port is not None:
+        raise UsageError(
+            "--metrics-port serves one process: with --processes, run each worker with a "
+            "port of its own instead"
+        )
     if args.processes > 1:
         from .supervisor import Supervisor, child_argv, restart_limits
 
@@ -378,7 +389,12 @@ def cmd_worker(args: argparse.Namespace) -> int | None:
         complete_in_batches=not args.complete_each,
         flush_after=args.flush_after,
         record_events=False,  # nobody draws a timeline of a command-line worker
+        metrics_port=args.metrics_port,
     )
+    if args.metrics_port is not None:
+        from .metrics import check_port
+
+        check_port(args.metrics_port)  # in use: one line, before anything starts
     logging.getLogger("pgqueue").setLevel(logging.INFO if args.verbose else logging.WARNING)
     print(
         f"{args.name}: {describe_dsn(args.dsn)}; queue {', '.join(worker.queues)}; "

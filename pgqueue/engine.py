@@ -34,12 +34,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 from psycopg import conninfo
 
-from . import periodic
+from . import periodic, tracing
 from .async_job import AsyncJob
 from .async_queue import AsyncQueue, async_connect
 from .claims import Batch, Claim, Key, key_of
@@ -64,6 +64,9 @@ from .lanes import RELEASED, SKIPPED, PlainLanes
 from .options import WorkerOptions
 from .params import _text
 from .tasks import Task
+
+if TYPE_CHECKING:
+    from .metrics import WorkerMetrics
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -253,6 +256,14 @@ class Engine:
         self._loop: asyncio.AbstractEventLoop | None = None
         # The periodic tasks of this worker's queues, ticked about once a second.
         self._schedules = periodic.schedules_for(options.tasks, options.queues)
+        # Prometheus metrics (metrics_port), counted where outcomes are; spans per job
+        # (OpenTelemetry, when a tracer provider is configured at start).
+        self.metrics: WorkerMetrics | None = None
+        if options.metrics_port is not None:
+            from .metrics import WorkerMetrics
+
+            self.metrics = WorkerMetrics(options)
+        self._span = tracing.no_span
 
     # -- control ---------------------------------------------------------------------
     @property
@@ -275,6 +286,9 @@ class Engine:
         o = self.options
         async with AsyncQueue(o.dsn, pgbouncer=o.pgbouncer) as probe:
             await probe.check()
+        if self.metrics is not None:
+            self.metrics.serve()  # a port in use: one line, and nothing has started
+        self._span = tracing.job_spans()
         self._loop = asyncio.get_running_loop()
         self._force = asyncio.Event()
         self.phase = Phase.WORKING
@@ -383,6 +397,8 @@ class Engine:
             await self._pool.close()
         await self._claims_link.drop()
         await self._writes_link.drop()
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.close)
 
     def _stop_for(self, exc: BaseException) -> None:
         """Stop the whole worker on an error no retry can mend (a setting is wrong); the
@@ -500,6 +516,8 @@ class Engine:
         return self._busy_now() < self.options.concurrency
 
     def _take(self, jobs: list[AsyncJob]) -> list[Job]:
+        if self.metrics is not None:
+            self.metrics.claimed(jobs)
         batch = Batch(len(jobs))
         new: list[Claim] = []
         lanes = self._lane_names
@@ -568,6 +586,7 @@ class Engine:
             self.seams._gate()
             if self._begin(claim):
                 outcome = await self._call(claim)
+                claim.ended = time.monotonic()
                 self.seams._gate()  # a freeze during the handler ends here
                 if self._own_finish(claim):
                     if isinstance(outcome, Failure):
@@ -623,6 +642,8 @@ class Engine:
 
     def _timed_out(self, claim: Claim) -> Failure:
         self.timed_out += 1
+        if self.metrics is not None:
+            self.metrics.timed_out(claim.job)
         log.warning(
             "%s: job %s ran past the %gs timeout; failing it",
             claim.lane,
@@ -647,6 +668,7 @@ class Engine:
 
     def _run_plain(self, claim: Claim, connection: Callable[[], psycopg.Connection]) -> Outcome:
         outcome = self._call_plain(claim.job, claim.lane, connection)
+        claim.ended = time.monotonic()
         self.seams._gate()  # a freeze during the handler ends here
         return outcome
 
@@ -723,7 +745,8 @@ class Engine:
         assert isinstance(job, LaneJob)
         job._open = connection
         try:
-            result = self.handler(job)
+            with self._span(job):
+                result = self.handler(job)
         except BaseException as exc:  # SystemExit, KeyboardInterrupt too
             return failure_of(exc)
         finally:  # the connection is the lane's again: a job kept past its handler has none
@@ -744,20 +767,21 @@ class Engine:
         assert isinstance(job, AsyncJob)
         failure: Outcome = None
         try:
-            result = self.handler(job)
-            if not inspect.isawaitable(result):
-                failure = Failure(
-                    "TypeError: the handler returned no awaitable: AsyncWorker runs async def "
-                    "handlers (plain functions run with pgqueue.Worker)"
-                )
-            elif inspect.isawaitable(result := await result):
-                if inspect.iscoroutine(result):
-                    result.close()
-                failure = Failure(
-                    "TypeError: the handler returned an awaitable instead of awaiting it"
-                )
-            else:
-                failure = outcome_of(result)
+            with self._span(job):
+                result = self.handler(job)
+                if not inspect.isawaitable(result):
+                    failure = Failure(
+                        "TypeError: the handler returned no awaitable: AsyncWorker runs async "
+                        "def handlers (plain functions run with pgqueue.Worker)"
+                    )
+                elif inspect.isawaitable(result := await result):
+                    if inspect.iscoroutine(result):
+                        result.close()
+                    failure = Failure(
+                        "TypeError: the handler returned an awaitable instead of awaiting it"
+                    )
+                else:
+                    failure = outcome_of(result)
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, CancelledError too
             failure = failure_of(exc)
         conn, job.conn, job.borrow = job.conn, None, None
@@ -949,6 +973,8 @@ class Engine:
         elif action == "fail":
             self.failed += len(ok)
             self.dead += sum(job.status == "dead" for job in ok)
+        if self.metrics is not None:
+            self.metrics.settled(action, ends)
         if self._recording:
             self.events.record_many(
                 (_end_kind(action, end), c.lane, c.job.id, c.job.fence, error if ok else action)
@@ -1142,6 +1168,7 @@ def _plain_job(claimed: AsyncJob) -> Job:
         claimed.attempts,
         claimed.max_attempts,
         claimed.lease_until,
+        claimed.waited,
         deadline=claimed.deadline,
     )
 

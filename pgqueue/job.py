@@ -33,6 +33,10 @@ class Job:
     attempts: int
     max_attempts: int
     lease_until: datetime | None
+    # Seconds the job had been due (since its run_at: its enqueue, unless delayed or
+    # retried) when this claim took it, by the server's clock. A float: the claim's reply
+    # parses it for a tenth of what a timestamp costs.
+    waited: float | None = field(default=None, repr=False, compare=False)
     # Set by whoever claimed the job: the connection to write with, and an event recorder.
     conn: psycopg.Connection | None = field(default=None, repr=False, compare=False)
     on_event: Callable[[str, Job], None] | None = field(default=None, repr=False, compare=False)

@@ -35,6 +35,7 @@ class WorkerKeywords(TypedDict, total=False):
     burst: bool
     name: str
     record_events: bool
+    metrics_port: int | None
 
 
 def whole(what: str, value: object, lower: int, upper: int) -> int:
@@ -75,6 +76,7 @@ class WorkerOptions:
     burst: bool = False
     name: str = "worker"
     record_events: bool = True
+    metrics_port: int | None = None  # serve Prometheus metrics here (0: any free port)
     tasks: Tasks | None = field(default=None, compare=False)
 
     @classmethod
@@ -100,6 +102,7 @@ class WorkerOptions:
         burst: bool = False,
         name: str = "worker",
         record_events: bool = True,
+        metrics_port: int | None = None,
     ) -> WorkerOptions:
         """Check a worker's keyword arguments; what a claim or fail would refuse later is
         refused here."""
@@ -113,6 +116,11 @@ class WorkerOptions:
             raise BadInput("timeout must be more than 0 seconds (or None for no timeout)")
         if not isinstance(name, str) or not name.strip():
             raise BadInput(f"name must be a non-empty string, got {name!r}")
+        if metrics_port is not None:
+            whole("metrics_port", metrics_port, 0, 65535)
+            from .metrics import needs_client
+
+            needs_client()
         tasks = handler if isinstance(handler, Tasks) else None
         if queue is None:
             queue = (tasks.queues or ["default"]) if tasks else "default"
@@ -137,6 +145,7 @@ class WorkerOptions:
             burst=bool(burst),
             name=name,
             record_events=bool(record_events),
+            metrics_port=metrics_port,
             tasks=tasks,
         )
 

@@ -103,11 +103,12 @@ claimed AS (
   )
   RETURNING id, queue, payload, fence, attempts, max_attempts, lease_until, priority, run_at
 )
-(SELECT id, queue, payload, fence, attempts, max_attempts, lease_until
+(SELECT id, queue, payload, fence, attempts, max_attempts, lease_until,
+        extract(epoch FROM now() - run_at)::float8 AS waited
  FROM claimed
  ORDER BY priority DESC, run_at, id)
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM limited WHERE yes;
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM limited WHERE yes;
 
 -- name: claim_limited
 -- The claim for a queue with a per-group limit (pgqueue_limits): at most per_group jobs
@@ -201,11 +202,12 @@ claimed AS (
   RETURNING jobs.id, jobs.queue, jobs.payload, jobs.fence, jobs.attempts, jobs.max_attempts,
             jobs.lease_until, jobs.priority, jobs.run_at
 )
-(SELECT id, queue, payload, fence, attempts, max_attempts, lease_until
+(SELECT id, queue, payload, fence, attempts, max_attempts, lease_until,
+        extract(epoch FROM now() - run_at)::float8 AS waited
  FROM claimed
  ORDER BY priority DESC, run_at, id)
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE NOT EXISTS (SELECT FROM claim_limit);
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE NOT EXISTS (SELECT FROM claim_limit);
 
 -- name: heartbeat
 -- Extend one lease and return the new lease_until; no row means the job was taken over.

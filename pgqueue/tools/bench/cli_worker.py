@@ -104,10 +104,11 @@ def db_span(dsn: str) -> tuple[float, float, float]:
 # \gset variables, then complete_many with the ids and fences. The claim's row of NULLs
 # for a queue with a per-group limit is left out: the benchmark's queue has none.
 _CLAIM_TAIL = (
-    "(SELECT id, queue, payload, fence, attempts, max_attempts, lease_until\n"
+    "(SELECT id, queue, payload, fence, attempts, max_attempts, lease_until,\n"
+    "        extract(epoch FROM now() - run_at)::float8 AS waited\n"
     " FROM claimed\n ORDER BY priority DESC, run_at, id)\n"
     "UNION ALL\n"
-    "SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM limited WHERE yes;"
+    "SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM limited WHERE yes;"
 )
 _CLAIM_ARRAYS = (
     "SELECT coalesce(array_agg(id ORDER BY priority DESC, run_at, id), '{{}}') AS ids,\n"
@@ -116,7 +117,8 @@ _CLAIM_ARRAYS = (
     "  coalesce(array_agg(fence ORDER BY priority DESC, run_at, id), '{{}}') AS fences,\n"
     "  coalesce(array_agg(attempts), '{{}}') AS attempts,\n"
     "  coalesce(array_agg(max_attempts), '{{}}') AS max_attempts,\n"
-    "  coalesce(array_agg(lease_until), '{{}}') AS leases\n"
+    "  coalesce(array_agg(lease_until), '{{}}') AS leases,\n"
+    "  coalesce(array_agg(extract(epoch FROM now() - run_at)), '{{}}') AS waits\n"
     "FROM claimed \\gset"
 )
 
