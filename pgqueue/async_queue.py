@@ -24,7 +24,7 @@ from psycopg.pq import TransactionStatus
 
 from . import statements
 from .async_job import AsyncJob
-from .db import _connecting, pgbouncer_mode, resolve_dsn
+from .db import connecting, pgbouncer_mode, resolve_dsn
 from .errors import KeyRace, PgQueueError, SlotRace
 from .install import (
     DEFAULT_LOCK_TIMEOUT,
@@ -41,44 +41,44 @@ from .install import (
     slow_steps,
 )
 from .params import (
-    _KEY_TRIES,
-    _SLOT_TRIES,
     COPY_TYPES,
+    KEY_TRIES,
     RESULT_POLL,
+    SLOT_TRIES,
+    ClaimRoute,
+    Keyed,
+    Pruning,
     Retried,
-    _beat,
-    _beat_many,
-    _claim_args,
-    _ClaimRoute,
-    _complete_many_params,
-    _complete_params,
-    _completed_many,
-    _copy_rows,
-    _ended,
-    _enqueue_many_params,
-    _enqueue_many_route,
-    _enqueue_params,
-    _fail_params,
-    _failed,
-    _finished_estimate,
-    _held,
-    _job_id,
-    _key_race,
-    _Keyed,
-    _lease,
-    _limit_params,
-    _prune_args,
-    _Pruning,
-    _reserved,
-    _result_args,
-    _result_of,
-    _result_wait,
-    _retried,
-    _retry_dead_plan,
-    _schedule_clock,
-    _stats_rows,
-    _your_async_conn,
+    beat,
+    beat_many,
+    checked_job_id,
+    checked_lease,
+    claim_args,
+    complete_many_params,
+    complete_params,
+    completed_many,
+    copy_rows,
+    end_reply,
+    enqueue_many_params,
+    enqueue_many_route,
+    enqueue_params,
+    fail_params,
+    fail_reply,
+    finished_estimate,
+    held_params,
+    key_race,
+    limit_params,
     pgqueue_error,
+    prune_args,
+    reserved,
+    result_args,
+    result_of,
+    result_wait,
+    retried_reply,
+    retry_dead_plan,
+    schedule_clock_reply,
+    stats_reply,
+    your_async_conn,
 )
 from .periodic import Schedule, tick_params
 from .queue import JobState, Limit, Reaped, ScheduleState
@@ -105,7 +105,7 @@ async def async_connect(
     """``pgqueue.connect`` for asyncio: the same DSN order, keepalives and one-line errors.
     Finding the DSN may start the embedded server: that runs in a thread, not the loop."""
     target = dsn or await asyncio.to_thread(resolve_dsn, dsn)
-    with _connecting(target, autocommit=autocommit, application_name=application_name) as kw:
+    with connecting(target, autocommit=autocommit, application_name=application_name) as kw:
         conn = await cls.connect(target, **kw)
     if pgbouncer:
         conn.prepare_threshold = None
@@ -134,7 +134,7 @@ class AsyncQueue:
         self._application_name = application_name
         self.pgbouncer = pgbouncer_mode(pgbouncer)
         self._prepare = not self.pgbouncer  # False: never, even on a connection of yours
-        self._route = _ClaimRoute()  # which claim statement each queue needs (a guess)
+        self._route = ClaimRoute()  # which claim statement each queue needs (a guess)
         self._conn = target if isinstance(target, psycopg.AsyncConnection) else None
 
     @property
@@ -251,13 +251,13 @@ class AsyncQueue:
     ) -> int:
         """``Queue.enqueue``: add one job and return its id (inside ``conn``'s transaction
         if given); a live job holding ``key`` is returned instead of adding one."""
-        params = _enqueue_params(payload, queue, delay, run_at, max_attempts, priority, key, group)
-        conn = await _your_async_conn(conn)
-        for _ in range(_KEY_TRIES):
+        params = enqueue_params(payload, queue, delay, run_at, max_attempts, priority, key, group)
+        conn = await your_async_conn(conn)
+        for _ in range(KEY_TRIES):
             row = await self._one("enqueue", params, conn)
             if row is not None:
                 return int(row[0])
-        raise _key_race(key)
+        raise key_race(key)
 
     async def enqueue_many(
         self,
@@ -273,29 +273,29 @@ class AsyncQueue:
         conn: psycopg.AsyncConnection | Any = None,
     ) -> list[int]:
         """``Queue.enqueue_many``: many jobs in one write, all or none; their ids in order."""
-        params = _enqueue_many_params(
+        params = enqueue_many_params(
             payloads, queue, delay, run_at, max_attempts, priority, keys, group
         )
-        how = _enqueue_many_route(params)
+        how = enqueue_many_route(params)
         if how == "none":
             return []
-        conn = await _your_async_conn(conn)
+        conn = await your_async_conn(conn)
         if how == "insert":
             return [int(r[0]) for r in await self._all("enqueue_many", params, conn)]
         reserve = params | {"n": len(params["payloads"])}
-        ids, run_at = _reserved(await self._one("enqueue_reserve", reserve, conn))
+        ids, run_at = reserved(await self._one("enqueue_reserve", reserve, conn))
         if how == "copy":
             async with (
                 (conn or self.conn).cursor() as cursor,
                 cursor.copy(statements.query("enqueue_copy")) as copy,
             ):
                 copy.set_types(COPY_TYPES)
-                for row in _copy_rows(params, ids, run_at):
+                for row in copy_rows(params, ids, run_at):
                     await copy.write_row(row)
             return ids
         keyed_params = params | {"ids": ids, "run_at": run_at}
         found = await self._all("enqueue_keyed", keyed_params, conn)
-        keyed = _Keyed(params["keys"], ids, found)
+        keyed = Keyed(params["keys"], ids, found)
         if keyed.missing:  # held by a racing enqueue that committed after the statement began
             ask = {"queue": params["queue"], "keys": keyed.missing}
             keyed.add_holders(await self._all("key_holders", ask, conn))
@@ -307,7 +307,7 @@ class AsyncQueue:
     ) -> list[AsyncJob]:
         """``Queue.claim``: up to ``limit`` runnable jobs for ``lease`` seconds, as
         ``AsyncJob``s writing with this queue's connection."""
-        names, limit, lease = _claim_args(queue, limit, lease)
+        names, limit, lease = claim_args(queue, limit, lease)
         jobs: list[AsyncJob] = []
         for name in names:
             params = {"queue": name, "limit": limit - len(jobs), "lease": lease}
@@ -320,7 +320,7 @@ class AsyncQueue:
 
     async def _claim_rows(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         """``Queue._claim_rows``: the statement the queue needs, again after a slot race."""
-        for _ in range(_SLOT_TRIES):
+        for _ in range(SLOT_TRIES):
             try:
                 rows = await self._all(self._route.statement(name), params)
             except SlotRace:
@@ -333,9 +333,9 @@ class AsyncQueue:
 
     async def heartbeat(self, job: AsyncJob, *, lease: float = 30.0) -> bool:
         """Extend the job's lease; False (and ``job.lost``) if someone else holds it now."""
-        params = {"id": job.id, "fence": job.fence, "lease": _lease(lease)}
+        params = {"id": job.id, "fence": job.fence, "lease": checked_lease(lease)}
         deadline = time.monotonic() + params["lease"]
-        return _beat(job, await (await self._run("heartbeat", params)).fetchone(), deadline)
+        return beat(job, await (await self._run("heartbeat", params)).fetchone(), deadline)
 
     async def heartbeat_many(
         self, jobs: Sequence[AsyncJob], *, lease: float = 30.0
@@ -343,16 +343,16 @@ class AsyncQueue:
         """Extend many leases in one statement; return the jobs that were lost (marked)."""
         if not jobs:
             return []
-        params = {**_held(jobs), "lease": _lease(lease)}
+        params = {**held_params(jobs), "lease": checked_lease(lease)}
         deadline = time.monotonic() + params["lease"]
         kept = await self._all("heartbeat_many", params)
-        return _beat_many(jobs, kept, deadline)  # type: ignore[return-value]
+        return beat_many(jobs, kept, deadline)  # type: ignore[return-value]
 
     async def complete(self, job: AsyncJob, result: object = None) -> bool:
         """``Queue.complete``: mark the job done, storing ``result`` in the same fenced
         statement; False (and ``job.lost``) if its fence is stale."""
-        name, params = _complete_params(job, result)
-        return _ended(job, (await self._run(name, params)).rowcount == 1, "done")
+        name, params = complete_params(job, result)
+        return end_reply(job, (await self._run(name, params)).rowcount == 1, "done")
 
     async def complete_many(
         self, jobs: Sequence[AsyncJob], results: Sequence[object] | None = None
@@ -361,9 +361,9 @@ class AsyncQueue:
         return the ones rejected (marked)."""
         if not jobs:
             return []
-        name, params = _complete_many_params(jobs, results)
+        name, params = complete_many_params(jobs, results)
         done = await self._all(name, params)
-        return _completed_many(jobs, done)  # type: ignore[return-value]
+        return completed_many(jobs, done)  # type: ignore[return-value]
 
     async def fail(
         self,
@@ -376,23 +376,23 @@ class AsyncQueue:
     ) -> bool:
         """``Queue.fail``: record ``error`` and retry with backoff (or after ``delay``), or
         go dead; the fence rises either way. False (and ``job.lost``) if it was stale."""
-        params = _fail_params(job, error, backoff, delay, give_up)
-        return _failed(job, await self._one("fail", params))
+        params = fail_params(job, error, backoff, delay, give_up)
+        return fail_reply(job, await self._one("fail", params))
 
     async def release(self, job: AsyncJob) -> bool:
         """Give back a claimed job that was not started (its attempt too, not its fence)."""
         params = {"id": job.id, "fence": job.fence}
-        return _ended(job, (await self._run("release", params)).rowcount == 1, "ready")
+        return end_reply(job, (await self._run("release", params)).rowcount == 1, "ready")
 
     async def cancel(self, job_id: int) -> bool:
         """``Queue.cancel``: cancel a ready or running job (a running one is fenced out)."""
-        return await self._one("cancel", {"id": _job_id(job_id)}) is not None
+        return await self._one("cancel", {"id": checked_job_id(job_id)}) is not None
 
     # -- per-group limits ------------------------------------------------------------
     async def limit(self, queue: str, *, per_group: int | None) -> None:
         """``Queue.limit``: at most ``per_group`` running jobs of one group of ``queue``, on
         every worker (None removes the limit)."""
-        params = _limit_params(queue, per_group)
+        params = limit_params(queue, per_group)
         await self._run("set_limit" if per_group is not None else "remove_limit", params)
 
     async def limits(self) -> list[Limit]:
@@ -409,13 +409,13 @@ class AsyncQueue:
     ) -> Retried:
         """``Queue.retry_dead``: dead jobs of ``queue`` (or among ``ids``) ready again, but
         those whose key is taken (listed in the result's ``skipped``)."""
-        plan = _retry_dead_plan(queue, ids, extra)
+        plan = retry_dead_plan(queue, ids, extra)
         if plan is None:
             return Retried()  # no ids: retry none (not "no filter")
         name, params = plan
-        for _ in range(_KEY_TRIES):
+        for _ in range(KEY_TRIES):
             try:
-                return _retried(name, await self._all(name, params))
+                return retried_reply(name, await self._all(name, params))
             except KeyRace as exc:
                 race = exc  # a key taken after the statement began; a new one sees it
                 if self.conn.info.transaction_status != TransactionStatus.IDLE:
@@ -433,7 +433,7 @@ class AsyncQueue:
         """``Queue.result``: wait for the job to finish (a notification wakes it, polling
         is the fallback) and return its stored result; ``JobFailed`` for a dead or cancelled
         job, ``TimeoutError`` past ``timeout`` seconds."""
-        job_id, deadline, poll = _result_args(job_id, timeout, poll_interval)
+        job_id, deadline, poll = result_args(job_id, timeout, poll_interval)
         conn = self.conn
         hear = listen and not self.pgbouncer and conn.autocommit
         hear = hear and conn.info.transaction_status == TransactionStatus.IDLE
@@ -445,10 +445,10 @@ class AsyncQueue:
             mine = str(job_id)
             while True:
                 row = await self._one("result", {"id": job_id})
-                done, value = _result_of(job_id, row)
+                done, value = result_of(job_id, row)
                 if done:
                     return value
-                wait = _result_wait(job_id, deadline, poll, value)
+                wait = result_wait(job_id, deadline, poll, value)
                 if not hear:
                     await asyncio.sleep(wait)
                     continue
@@ -462,20 +462,22 @@ class AsyncQueue:
 
     async def get(self, job_id: int) -> JobState | None:
         """The job with this id as it is now, or None if there is none."""
-        row = await self._one("get", {"id": _job_id(job_id)})
+        row = await self._one("get", {"id": checked_job_id(job_id)})
         return None if row is None else JobState(*row)
 
     async def steps(self, job_id: int) -> list[StepState]:
         """``Queue.steps``: the durable steps job ``job_id`` has stored, oldest first."""
-        return [StepState(*row) for row in await self._all("steps", {"job": _job_id(job_id)})]
+        return [
+            StepState(*row) for row in await self._all("steps", {"job": checked_job_id(job_id)})
+        ]
 
     async def stats(self, *, exact: bool = False) -> list[dict[str, Any]]:
         """``Queue.stats``: counts by queue and status (finished ones estimated)."""
         cur = await self._run("stats_exact" if exact else "stats", {})
-        rows = _stats_rows(cur.description, await cur.fetchall())
+        rows = stats_reply(cur.description, await cur.fetchall())
         if not exact:
             total = await self._one("stats_rows", {})
-            rows.append(_finished_estimate(rows, total))
+            rows.append(finished_estimate(rows, total))
         return rows
 
     async def schedules(self) -> list[ScheduleState]:
@@ -485,7 +487,7 @@ class AsyncQueue:
     # -- periodic jobs: what a worker's tick sends (pgqueue/periodic.py) ------------------
     async def schedule_clock(self, names: Sequence[str]) -> tuple[datetime, dict[str, datetime]]:
         """The server's clock, and the last slot of each named schedule that has a row."""
-        return _schedule_clock(await self._all("schedule_clock", {"names": list(names)}))
+        return schedule_clock_reply(await self._all("schedule_clock", {"names": list(names)}))
 
     async def schedule_add(self, schedule: Schedule, slots: Sequence[datetime]) -> bool:
         """Add a schedule's row, starting at its newest slot of ``slots`` not after the
@@ -508,7 +510,7 @@ class AsyncQueue:
         progress: Callable[[int, int], None] | None = None,
     ) -> int:
         """``Queue.prune``: delete (or archive) finished jobs, ``batch`` jobs a transaction."""
-        run = _Pruning(await self._one("id_span", {}), batch, _prune_args(older_than, batch))
+        run = Pruning(await self._one("id_span", {}), batch, prune_args(older_than, batch))
         while (params := run.params()) is not None:
             run.took(await self._one("prune_archive" if archive else "prune", params))
             if progress is not None:

@@ -24,7 +24,7 @@ from .errors import BadInput
 from .events import EventLog
 from .handlers import is_coroutine_function
 from .tasks import Tasks
-from .worker import Face, _log_signal
+from .worker import Face, log_signal
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -123,5 +123,5 @@ class AsyncWorker(Face):
 
     def _on_signal(self) -> None:
         again = self.engine.stopping
-        _log_signal(self.options.name, again)
+        log_signal(self.options.name, again)
         self.engine.request_stop(force=again)

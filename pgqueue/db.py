@@ -105,9 +105,7 @@ def pgbouncer_mode(flag: bool | None = None) -> bool:
 
 
 @contextlib.contextmanager
-def _connecting(
-    target: str, *, autocommit: bool, application_name: str
-) -> Iterator[dict[str, Any]]:
+def connecting(target: str, *, autocommit: bool, application_name: str) -> Iterator[dict[str, Any]]:
     """What ``connect`` and ``async_connect`` share: the arguments for psycopg's connect
     (TCP keepalives the DSN does not set), and the one-line ``ConnectError``, password
     masked, that a malformed DSN or an unreachable server raises inside the block."""
@@ -156,7 +154,7 @@ def connect(
     server-side prepared statements: in transaction mode each statement may land on
     another server connection. ``cls``: a subclass of ``psycopg.Connection`` to open."""
     target = resolve_dsn(dsn)
-    with _connecting(target, autocommit=autocommit, application_name=application_name) as kw:
+    with connecting(target, autocommit=autocommit, application_name=application_name) as kw:
         conn = cls.connect(target, **kw)
     if pgbouncer:
         conn.prepare_threshold = None

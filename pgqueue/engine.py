@@ -62,7 +62,7 @@ from .handlers import (
 from .job import Job
 from .lanes import RELEASED, SKIPPED, PlainLanes
 from .options import WorkerOptions
-from .params import _text
+from .params import column_text
 from .tasks import Task
 
 if TYPE_CHECKING:
@@ -1181,7 +1181,7 @@ async def _took_effect(queue: AsyncQueue, action: str, job: Job, error: str) -> 
     if action == "complete":
         took = row.status == "done" and row.fence == job.fence
     elif action == "fail":
-        took = row.fence > job.fence and row.last_error == _text(error, 10_000)
+        took = row.fence > job.fence and row.last_error == column_text(error, 10_000)
     else:
         took = row.fence == job.fence and row.attempts == job.attempts - 1
     if took:

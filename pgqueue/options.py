@@ -10,7 +10,7 @@ from typing import Any, TypedDict
 
 from .db import pgbouncer_mode, resolve_dsn
 from .errors import BadInput
-from .params import MAX_BACKOFF, MAX_LEASE, _lease, _seconds, queue_names
+from .params import MAX_BACKOFF, MAX_LEASE, checked_lease, checked_seconds, queue_names
 from .tasks import Tasks
 
 
@@ -112,7 +112,7 @@ class WorkerOptions:
         whole("batch", batch, 1, 10_000)
         if connections is not None:
             whole("connections", connections, 1, 10_000)
-        if timeout is not None and not _seconds("timeout", timeout, upper=MAX_LEASE) > 0:
+        if timeout is not None and not checked_seconds("timeout", timeout, upper=MAX_LEASE) > 0:
             raise BadInput("timeout must be more than 0 seconds (or None for no timeout)")
         if not isinstance(name, str) or not name.strip():
             raise BadInput(f"name must be a non-empty string, got {name!r}")
@@ -129,7 +129,7 @@ class WorkerOptions:
             dsn=resolve_dsn(dsn),
             concurrency=concurrency,
             batch=batch,
-            lease=_lease(lease),
+            lease=checked_lease(lease),
             poll_interval=_interval("poll_interval", poll_interval),
             listen=bool(listen),
             listen_dsn=listen_dsn,
@@ -137,10 +137,10 @@ class WorkerOptions:
             # connection: listen only on a direct one (listen_dsn), else poll.
             pgbouncer=pgbouncer_mode(pgbouncer),
             reap_interval=_interval("reap_interval", reap_interval),
-            backoff=_seconds("backoff", backoff, upper=MAX_BACKOFF),
+            backoff=checked_seconds("backoff", backoff, upper=MAX_BACKOFF),
             timeout=None if timeout is None else float(timeout),
             complete_in_batches=bool(complete_in_batches),
-            flush_after=_seconds("flush_after", flush_after, upper=60.0),
+            flush_after=checked_seconds("flush_after", flush_after, upper=60.0),
             connections=min(concurrency, 10) if connections is None else connections,
             burst=bool(burst),
             name=name,

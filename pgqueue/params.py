@@ -33,8 +33,8 @@ MAX_ATTEMPTS = 1_000_000  # keeps attempts and max_attempts far inside the int c
 MAX_PRIORITY = 1_000_000  # priorities are small whole numbers, from -MAX to +MAX
 MAX_PER_GROUP = 1_000_000  # a per-group limit: a whole number of running jobs, 1 to this
 MAX_AGE = 100 * 365 * 86400.0  # seconds; prune's older_than beyond this overflows timestamps
-_KEY_TRIES = 5  # enqueues of one key racing each other settle within a try or two
-_SLOT_TRIES = 5  # claims racing for a group's slot: each new try sees the slots taken
+KEY_TRIES = 5  # enqueues of one key racing each other settle within a try or two
+SLOT_TRIES = 5  # claims racing for a group's slot: each new try sees the slots taken
 COPY_FROM = 2_000  # payloads; enqueue_many uses COPY from this many on (INSERT is as fast below)
 # One encoder for every payload: json.dumps with options builds a new one per call.
 _JSON = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
@@ -45,10 +45,10 @@ MAX_RESULT_BYTES = 1 << 20
 RESULT_POLL = 0.5  # seconds between Queue.result's reads when no notification comes
 
 
-PREPARED_UP_TO = 100  # ids; larger arrays are planned at each call (see _prepare_many)
+PREPARED_UP_TO = 100  # ids; larger arrays are planned at each call (see prepare_many)
 
 
-def _prepare_many(prepare: bool, jobs: Sequence[Job]) -> bool:
+def prepare_many(prepare: bool, jobs: Sequence[Job]) -> bool:
     """Whether to run a statement over many jobs prepared. A prepared statement gets a
     generic plan after five runs, and that plan cannot see how long the array is: for
     thousands of ids it took 3.3 s instead of 33 ms. Small batches, the common case, stay
@@ -60,16 +60,16 @@ def _prepare_many(prepare: bool, jobs: Sequence[Job]) -> bool:
 def queue_names(queue: object) -> list[str]:
     """One queue name, or a non-empty sequence of distinct ones, as a list."""
     if isinstance(queue, str):
-        return [_queue_name(queue)]
+        return [checked_queue_name(queue)]
     if not isinstance(queue, list | tuple) or not queue:
         raise BadInput(f"queue must be a name or a non-empty list of names, got {queue!r}")
-    names = [_queue_name(q) for q in queue]
+    names = [checked_queue_name(q) for q in queue]
     if len(set(names)) != len(names):
         raise BadInput(f"queue names must be distinct, got {names!r}")
     return names
 
 
-def _job_id(job_id: object) -> int:
+def checked_job_id(job_id: object) -> int:
     if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id < 2**63:
         raise BadInput(f"a job id is a whole number >= 1, got {job_id!r}")
     return job_id
@@ -85,7 +85,7 @@ def _key(key: object) -> str | None:
     return key
 
 
-def _group(group: object) -> str | None:
+def checked_group(group: object) -> str | None:
     """A job's group (``group_key``), limited together by its queue's per-group limit."""
     if group is None:
         return None
@@ -98,7 +98,7 @@ def _group(group: object) -> str | None:
     return group
 
 
-def _limit_params(queue: object, per_group: object) -> dict[str, Any]:
+def limit_params(queue: object, per_group: object) -> dict[str, Any]:
     """``Queue.limit``'s parameters: a queue, and a whole number of running jobs >= 1 (or
     None: no limit)."""
     if per_group is not None and (
@@ -110,10 +110,10 @@ def _limit_params(queue: object, per_group: object) -> dict[str, Any]:
             f"per_group must be a whole number of running jobs from 1 to {MAX_PER_GROUP} "
             f"(None removes the limit), got {per_group!r}"
         )
-    return {"queue": _queue_name(queue), "per_group": per_group}
+    return {"queue": checked_queue_name(queue), "per_group": per_group}
 
 
-def _queue_name(queue: object) -> str:
+def checked_queue_name(queue: object) -> str:
     if not isinstance(queue, str) or not queue.strip() or len(queue) > 200 or "\x00" in queue:
         raise BadInput(f"queue must be a non-empty name of at most 200 characters, got {queue!r}")
     if not _is_utf8(queue):
@@ -136,12 +136,12 @@ def printable(text: str) -> str:
     return text if _is_utf8(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _text(value: object, limit: int) -> str:
+def column_text(value: object, limit: int) -> str:
     """``value`` as text a Postgres text column accepts: no NUL, valid UTF-8, bounded."""
     return printable(str(value)[:limit])
 
 
-def _seconds(what: str, value: object, *, upper: float = math.inf) -> float:
+def checked_seconds(what: str, value: object, *, upper: float = math.inf) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise BadInput(f"{what} must be a number of seconds, got {value!r}")
     if not math.isfinite(value) or value < 0 or value > upper:
@@ -151,14 +151,14 @@ def _seconds(what: str, value: object, *, upper: float = math.inf) -> float:
     return float(value)
 
 
-def _lease(lease: object) -> float:
-    seconds = _seconds("lease", lease, upper=MAX_LEASE)
+def checked_lease(lease: object) -> float:
+    seconds = checked_seconds("lease", lease, upper=MAX_LEASE)
     if seconds == 0:
         raise BadInput("lease must be more than 0 seconds (try 30)")
     return seconds
 
 
-def _job_params(
+def job_params(
     queue: object, delay: object, run_at: object, max_attempts: object, priority: object = 0
 ) -> dict[str, Any]:
     if run_at is not None and (not isinstance(run_at, datetime) or run_at.tzinfo is None):
@@ -181,8 +181,8 @@ def _job_params(
             f"(higher runs first), got {priority!r}"
         )
     return {
-        "queue": _queue_name(queue),
-        "delay": _seconds("delay", delay, upper=10 * 365 * 86400.0),
+        "queue": checked_queue_name(queue),
+        "delay": checked_seconds("delay", delay, upper=10 * 365 * 86400.0),
         "run_at": run_at,
         "max_attempts": max_attempts,
         "priority": priority,
@@ -234,7 +234,7 @@ def result_text(value: object) -> JsonText | None:
     return JsonText(text)
 
 
-def _complete_params(job: Job, result: object) -> tuple[str, dict[str, Any]]:
+def complete_params(job: Job, result: object) -> tuple[str, dict[str, Any]]:
     """Which complete statement, with what: the one that stores nothing if ``result`` is None."""
     params: dict[str, Any] = {"id": job.id, "fence": job.fence}
     text = result_text(result)
@@ -244,11 +244,11 @@ def _complete_params(job: Job, result: object) -> tuple[str, dict[str, Any]]:
     return "complete_result", params
 
 
-def _complete_many_params(
+def complete_many_params(
     jobs: Sequence[Job], results: Sequence[object] | None
 ) -> tuple[str, dict[str, Any]]:
     """complete_many's name and arrays; a batch with no result sends no third array."""
-    params: dict[str, Any] = _held(jobs)
+    params: dict[str, Any] = held_params(jobs)
     if results is None:
         return "complete_many", params
     if len(results) != len(jobs):
@@ -260,7 +260,7 @@ def _complete_many_params(
     return "complete_many_results", params
 
 
-def _result_of(job_id: int, row: tuple[Any, ...] | None) -> tuple[bool, Any]:
+def result_of(job_id: int, row: tuple[Any, ...] | None) -> tuple[bool, Any]:
     """``result``'s reply: (True, the stored result) for a done job, (False, its status)
     for one not finished; ``JobFailed`` for a dead or cancelled one, ``BadInput`` for none."""
     if row is None:
@@ -273,19 +273,19 @@ def _result_of(job_id: int, row: tuple[Any, ...] | None) -> tuple[bool, Any]:
     return False, status
 
 
-def _result_args(
+def result_args(
     job_id: object, timeout: object, poll_interval: object
 ) -> tuple[int, float | None, float]:
     """``Queue.result``'s arguments checked: the id, the deadline (monotonic; None: wait
     for ever) and the seconds between reads."""
-    deadline = None if timeout is None else time.monotonic() + _seconds("timeout", timeout)
-    poll = _seconds("poll_interval", poll_interval)
+    deadline = None if timeout is None else time.monotonic() + checked_seconds("timeout", timeout)
+    poll = checked_seconds("poll_interval", poll_interval)
     if poll <= 0:
         raise BadInput(f"poll_interval is seconds, > 0, got {poll_interval!r}")
-    return _job_id(job_id), deadline, poll
+    return checked_job_id(job_id), deadline, poll
 
 
-def _result_wait(job_id: int, deadline: float | None, poll_interval: float, status: str) -> float:
+def result_wait(job_id: int, deadline: float | None, poll_interval: float, status: str) -> float:
     """How long ``Queue.result`` may wait before reading again; ``TimeoutError`` past the
     deadline."""
     if deadline is None:
@@ -296,7 +296,7 @@ def _result_wait(job_id: int, deadline: float | None, poll_interval: float, stat
     return min(left, poll_interval)
 
 
-def _held(jobs: Sequence[Job]) -> dict[str, list[int]]:
+def held_params(jobs: Sequence[Job]) -> dict[str, list[int]]:
     return {"ids": [j.id for j in jobs], "fences": [j.fence for j in jobs]}
 
 
@@ -365,7 +365,7 @@ def pgqueue_error(exc: psycopg.Error, name: str | None = None) -> PgQueueError |
     return None
 
 
-def _enqueue_params(
+def enqueue_params(
     payload: object,
     queue: object,
     delay: object,
@@ -375,18 +375,18 @@ def _enqueue_params(
     key: object,
     group: object = None,
 ) -> dict[str, Any]:
-    params = _job_params(queue, delay, run_at, max_attempts, priority)
+    params = job_params(queue, delay, run_at, max_attempts, priority)
     params["payload"] = _jsonb(payload)
     params["key"] = _key(key)
-    params["group_key"] = _group(group)
+    params["group_key"] = checked_group(group)
     return params
 
 
-def _key_race(key: object) -> PgQueueError:
+def key_race(key: object) -> PgQueueError:
     return PgQueueError(f"enqueue of key {key!r} kept racing with other enqueues; try again")
 
 
-def _enqueue_many_params(
+def enqueue_many_params(
     payloads: Iterable[object],
     queue: object,
     delay: object,
@@ -396,8 +396,8 @@ def _enqueue_many_params(
     keys: Sequence[object] | None,
     group: object = None,
 ) -> dict[str, Any]:
-    params = _job_params(queue, delay, run_at, max_attempts, priority)
-    params["group_key"] = _group(group)
+    params = job_params(queue, delay, run_at, max_attempts, priority)
+    params["group_key"] = checked_group(group)
     params["payloads"] = [_jsonb(p, index=i) for i, p in enumerate(payloads)]
     if keys is not None:
         if len(keys) != len(params["payloads"]):
@@ -409,7 +409,7 @@ def _enqueue_many_params(
     return params
 
 
-def _enqueue_many_route(params: dict[str, Any]) -> str:
+def enqueue_many_route(params: dict[str, Any]) -> str:
     """How ``enqueue_many`` writes: 'none', 'keyed', 'copy' or 'insert'."""
     if not params["payloads"]:
         return "none"
@@ -418,13 +418,13 @@ def _enqueue_many_route(params: dict[str, Any]) -> str:
     return "copy" if len(params["payloads"]) >= COPY_FROM else "insert"
 
 
-def _reserved(row: tuple[Any, ...] | None) -> tuple[list[int], datetime]:
+def reserved(row: tuple[Any, ...] | None) -> tuple[list[int], datetime]:
     """``enqueue_reserve``'s ids, sorted (so they ascend in payload order), and run_at."""
     assert row is not None
     return sorted(row[0]), row[1]
 
 
-def _copy_rows(
+def copy_rows(
     params: dict[str, Any], ids: list[int], run_at: datetime
 ) -> Iterable[tuple[Any, ...]]:
     """The rows ``enqueue_copy`` writes, in ``COPY_TYPES`` order."""
@@ -433,7 +433,7 @@ def _copy_rows(
         yield (job_id, params["queue"], payload, *tail)
 
 
-class _Keyed:
+class Keyed:
     """What a keyed ``enqueue_many`` gives each payload: the id it added, or the id of
     the live job that holds its key (the first of a key in the batch wins)."""
 
@@ -470,16 +470,16 @@ class _Keyed:
         return [int(i) for i in self.result if i is not None]
 
 
-def _claim_args(queue: object, limit: object, lease: object) -> tuple[list[str], int, float]:
+def claim_args(queue: object, limit: object, lease: object) -> tuple[list[str], int, float]:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
         raise BadInput(f"limit must be a whole number from 1 to 10000, got {limit!r}")
-    return queue_names(queue), limit, _lease(lease)
+    return queue_names(queue), limit, checked_lease(lease)
 
 
 CLAIMS = ("claim", "claim_limited")  # without, with a per-group limit (sql/queries.sql)
 
 
-class _ClaimRoute:
+class ClaimRoute:
     """Which claim statement each queue needs: ``claim``, or ``claim_limited`` for a queue
     with a per-group limit. Only a guess, kept by one Queue: each statement refuses a queue
     it does not fit with a row of NULLs (``wrong``), and the guess flips. So a limit set or
@@ -499,7 +499,7 @@ class _ClaimRoute:
         return True
 
 
-def _beat(job: Job, row: tuple[Any, ...] | None, deadline: float) -> bool:
+def beat(job: Job, row: tuple[Any, ...] | None, deadline: float) -> bool:
     """A heartbeat's reply (the new ``lease_until``, or no row): push the job's lease and
     local deadline on, or mark the job lost. A NULL ``lease_until`` (``heartbeat_many``:
     the row was locked by another session) is neither: still held, not renewed."""
@@ -513,12 +513,12 @@ def _beat(job: Job, row: tuple[Any, ...] | None, deadline: float) -> bool:
     return True
 
 
-def _beat_many(jobs: Sequence[Job], kept_rows: list[tuple[Any, ...]], deadline: float) -> list[Job]:
+def beat_many(jobs: Sequence[Job], kept_rows: list[tuple[Any, ...]], deadline: float) -> list[Job]:
     kept = {(r[0], r[1]): r[2:] for r in kept_rows}  # by claim: (id, fence)
-    return [job for job in jobs if not _beat(job, kept.get((job.id, job.fence)), deadline)]
+    return [job for job in jobs if not beat(job, kept.get((job.id, job.fence)), deadline)]
 
 
-def _ended(job: Job, took_effect: bool, status: str) -> bool:
+def end_reply(job: Job, took_effect: bool, status: str) -> bool:
     """A fenced complete/release's reply: the job's new status, or lost."""
     if took_effect:
         job.status = status
@@ -527,25 +527,25 @@ def _ended(job: Job, took_effect: bool, status: str) -> bool:
     return took_effect
 
 
-def _completed_many(jobs: Sequence[Job], done_rows: list[tuple[Any, ...]]) -> list[Job]:
+def completed_many(jobs: Sequence[Job], done_rows: list[tuple[Any, ...]]) -> list[Job]:
     done = {(r[0], r[1]) for r in done_rows}  # by claim: (id, fence)
-    return [job for job in jobs if not _ended(job, (job.id, job.fence) in done, "done")]
+    return [job for job in jobs if not end_reply(job, (job.id, job.fence) in done, "done")]
 
 
-def _fail_params(
+def fail_params(
     job: Job, error: object, backoff: object, delay: object, give_up: object
 ) -> dict[str, Any]:
     return {
         "id": job.id,
         "fence": job.fence,
-        "error": _text(error, 10_000),
-        "backoff": _seconds("backoff", backoff, upper=MAX_BACKOFF),
-        "delay": None if delay is None else _seconds("delay", delay, upper=MAX_BACKOFF),
+        "error": column_text(error, 10_000),
+        "backoff": checked_seconds("backoff", backoff, upper=MAX_BACKOFF),
+        "delay": None if delay is None else checked_seconds("delay", delay, upper=MAX_BACKOFF),
         "give_up": bool(give_up),
     }
 
 
-def _failed(job: Job, row: tuple[Any, ...] | None) -> bool:
+def fail_reply(job: Job, row: tuple[Any, ...] | None) -> bool:
     """``fail``'s reply. Either way the holder is done: its fence moved on (or had already)."""
     job.mark_lost()
     if row is None:
@@ -555,7 +555,7 @@ def _failed(job: Job, row: tuple[Any, ...] | None) -> bool:
     return True
 
 
-def _retry_dead_plan(
+def retry_dead_plan(
     queue: object, ids: Sequence[object] | None, extra: object
 ) -> tuple[str, dict[str, Any]] | None:
     """The statement and parameters of a ``retry_dead``; None when ``ids`` is empty."""
@@ -568,11 +568,11 @@ def _retry_dead_plan(
     ):
         raise BadInput(f"ids must be job ids (whole numbers >= 1), got {ids!r}")
     if ids is None:
-        queue = _queue_name("default" if queue is None else queue)
+        queue = checked_queue_name("default" if queue is None else queue)
         return "retry_dead", {"queue": queue, "extra": extra}
     if not ids:
         return None
-    named = None if queue is None else _queue_name(queue)
+    named = None if queue is None else checked_queue_name(queue)
     return "retry_dead_ids", {"ids": list(ids), "queue": named, "extra": extra}
 
 
@@ -594,7 +594,7 @@ class Retried(list[int]):
         self.skipped: list[LeftDead] = sorted(skipped)
 
 
-def _retried(name: str, rows: list[tuple[Any, ...]]) -> Retried:
+def retried_reply(name: str, rows: list[tuple[Any, ...]]) -> Retried:
     """``retry_dead``'s reply: (id, NULL, NULL) per job retried, (id, key, held_by) per
     job left dead."""
     ids = [int(r[0]) for r in rows if r[2] is None]
@@ -602,14 +602,14 @@ def _retried(name: str, rows: list[tuple[Any, ...]]) -> Retried:
     return Retried(sorted(ids) if name == "retry_dead_ids" else ids, skipped)
 
 
-def _stats_rows(
+def stats_reply(
     description: Sequence[Any] | None, rows: list[tuple[Any, ...]]
 ) -> list[dict[str, Any]]:
     names = [c.name for c in description or []]
     return [dict(zip(names, row, strict=True)) | {"estimated": False} for row in rows]
 
 
-def _finished_estimate(rows: list[dict[str, Any]], total: tuple[Any, ...] | None) -> dict[str, Any]:
+def finished_estimate(rows: list[dict[str, Any]], total: tuple[Any, ...] | None) -> dict[str, Any]:
     """The 'finished' row of ``stats``: the planner's row estimate less the live jobs; before
     the table was ever analyzed, the count of a small table (``counted``), else None."""
     reltuples, counted = total or (-1.0, None)
@@ -629,16 +629,16 @@ def _finished_estimate(rows: list[dict[str, Any]], total: tuple[Any, ...] | None
     }
 
 
-def _prune_args(older_than: object, batch: object) -> float:
+def prune_args(older_than: object, batch: object) -> float:
     if isinstance(older_than, timedelta):
         older_than = older_than.total_seconds()
-    age = _seconds("older_than", older_than, upper=MAX_AGE)
+    age = checked_seconds("older_than", older_than, upper=MAX_AGE)
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 10**7:
         raise BadInput(f"batch must be a whole number of jobs from 1 to 10000000, got {batch!r}")
     return age
 
 
-class _Pruning:
+class Pruning:
     """Where a prune run is: the next statement's parameters, what the replies added up
     to, and the progress in ids (done, in all) between the two ends ``id_span`` found."""
 
@@ -668,7 +668,7 @@ class _Pruning:
         return self.after - self.low + 1, self.high - self.low + 1
 
 
-def _schedule_clock(rows: list[tuple[Any, ...]]) -> tuple[datetime, dict[str, datetime]]:
+def schedule_clock_reply(rows: list[tuple[Any, ...]]) -> tuple[datetime, dict[str, datetime]]:
     """``schedule_clock``'s reply: the server's clock, and each schedule's last slot."""
     return rows[0][0], {r[1]: r[2] for r in rows if r[1] is not None}
 
@@ -676,14 +676,14 @@ def _schedule_clock(rows: list[tuple[Any, ...]]) -> tuple[datetime, dict[str, da
 # -- conn=: your own transaction, on psycopg 3 directly or through SQLAlchemy ---------------
 
 
-def _your_conn(conn: object) -> psycopg.Connection | None:
+def your_conn(conn: object) -> psycopg.Connection | None:
     """``conn=`` of ``Queue``: a psycopg connection as it is, or a SQLAlchemy ``Connection``
     or ``Session`` on psycopg 3 unwrapped to the psycopg connection under it, with its
     SQLAlchemy transaction begun (a Session's ``connection()`` begins it), so that the job
     commits or rolls back with that transaction."""
     if conn is None or isinstance(conn, psycopg.Connection):
         return conn
-    if _from_sqlalchemy(conn):
+    if from_sqlalchemy(conn):
         from sqlalchemy.engine import Connection
         from sqlalchemy.orm import Session, scoped_session
 
@@ -697,13 +697,13 @@ def _your_conn(conn: object) -> psycopg.Connection | None:
     raise _not_a_conn(conn, "Connection or Session")
 
 
-async def _your_async_conn(conn: object) -> psycopg.AsyncConnection | None:
+async def your_async_conn(conn: object) -> psycopg.AsyncConnection | None:
     """``conn=`` of ``AsyncQueue``: a psycopg ``AsyncConnection``, or SQLAlchemy's
     ``AsyncConnection`` or ``AsyncSession`` on psycopg 3 (``postgresql+psycopg://``),
-    unwrapped as ``_your_conn`` does."""
+    unwrapped as ``your_conn`` does."""
     if conn is None or isinstance(conn, psycopg.AsyncConnection):
         return conn
-    if _from_sqlalchemy(conn):
+    if from_sqlalchemy(conn):
         from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
 
         if isinstance(conn, AsyncSession | async_scoped_session):
@@ -716,7 +716,7 @@ async def _your_async_conn(conn: object) -> psycopg.AsyncConnection | None:
     raise _not_a_conn(conn, "AsyncConnection or AsyncSession")
 
 
-def _from_sqlalchemy(conn: object) -> bool:
+def from_sqlalchemy(conn: object) -> bool:
     return type(conn).__module__.split(".")[0] == "sqlalchemy"  # never imports SQLAlchemy
 
 

@@ -34,7 +34,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 from .errors import BadInput
-from .params import _job_params
+from .params import job_params
 
 TICK = 1.0  # seconds between a worker's ticks
 GRACE = 2.0  # seconds: a slot found older than this was missed (two ticks of every worker)
@@ -84,7 +84,7 @@ class Schedule:
             raise BadInput(f"a schedule's name is a non-empty text of at most 200, got {name!r}")
         if catch_up not in CATCH_UP:
             raise BadInput(f"catch_up must be 'latest', 'all' or 'none', got {catch_up!r}")
-        _job_params(queue, 0.0, None, max_attempts, priority)  # what an enqueue would refuse
+        job_params(queue, 0.0, None, max_attempts, priority)  # what an enqueue would refuse
         schedule = cls(
             name, task, queue, _cron(cron), _every(every), catch_up, max_attempts, priority
         )

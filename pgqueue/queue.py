@@ -34,45 +34,45 @@ from .install import (
 )
 from .job import Job
 from .params import (
-    _KEY_TRIES,
-    _SLOT_TRIES,
     COPY_TYPES,
+    KEY_TRIES,
     RESULT_POLL,
+    SLOT_TRIES,
+    ClaimRoute,
+    Keyed,
+    Pruning,
     Retried,
-    _beat,
-    _beat_many,
-    _claim_args,
-    _ClaimRoute,
-    _complete_many_params,
-    _complete_params,
-    _completed_many,
-    _copy_rows,
-    _ended,
-    _enqueue_many_params,
-    _enqueue_many_route,
-    _enqueue_params,
-    _fail_params,
-    _failed,
-    _finished_estimate,
-    _from_sqlalchemy,
-    _held,
-    _job_id,
-    _key_race,
-    _Keyed,
-    _lease,
-    _limit_params,
-    _prepare_many,
-    _prune_args,
-    _Pruning,
-    _reserved,
-    _result_args,
-    _result_of,
-    _result_wait,
-    _retried,
-    _retry_dead_plan,
-    _stats_rows,
-    _your_conn,
+    beat,
+    beat_many,
+    checked_job_id,
+    checked_lease,
+    claim_args,
+    complete_many_params,
+    complete_params,
+    completed_many,
+    copy_rows,
+    end_reply,
+    enqueue_many_params,
+    enqueue_many_route,
+    enqueue_params,
+    fail_params,
+    fail_reply,
+    finished_estimate,
+    from_sqlalchemy,
+    held_params,
+    key_race,
+    limit_params,
     pgqueue_error,
+    prepare_many,
+    prune_args,
+    reserved,
+    result_args,
+    result_of,
+    result_wait,
+    retried_reply,
+    retry_dead_plan,
+    stats_reply,
+    your_conn,
 )
 from .steps import StepState
 
@@ -143,14 +143,14 @@ class Queue:
         application_name: str = "pgqueue",
         pgbouncer: bool | None = None,
     ) -> None:
-        if _from_sqlalchemy(target):  # Queue(session): the psycopg connection under it
-            target = _your_conn(target)
+        if from_sqlalchemy(target):  # Queue(session): the psycopg connection under it
+            target = your_conn(target)
         self._owned = not isinstance(target, psycopg.Connection)
         # Behind PgBouncer in transaction mode (``pgbouncer=True`` or PGQUEUE_PGBOUNCER=1)
         # nothing is prepared on the server; otherwise every statement is, once.
         self.pgbouncer = pgbouncer_mode(pgbouncer)
         self._prepare = not self.pgbouncer  # False: never, even on a connection of yours
-        self._route = _ClaimRoute()  # which claim statement each queue needs (a guess)
+        self._route = ClaimRoute()  # which claim statement each queue needs (a guess)
         self.conn: psycopg.Connection = (
             target
             if isinstance(target, psycopg.Connection)
@@ -267,15 +267,15 @@ class Queue:
         that job's id is returned; once it is done, dead or cancelled the key is free. Jobs
         of one ``group`` (a tenant, say) run at most ``per_group`` at a time when their
         queue has a limit (``Queue.limit``); without a limit a group changes nothing."""
-        params = _enqueue_params(payload, queue, delay, run_at, max_attempts, priority, key, group)
-        conn = _your_conn(conn)
-        for _ in range(_KEY_TRIES):
+        params = enqueue_params(payload, queue, delay, run_at, max_attempts, priority, key, group)
+        conn = your_conn(conn)
+        for _ in range(KEY_TRIES):
             row = self._run("enqueue", params, conn).fetchone()
             if row is not None:
                 return int(row[0])
             # A racing enqueue of the same key committed after this statement began: the
             # index saw it, the snapshot did not. A new statement sees it (or its end).
-        raise _key_race(key)
+        raise key_race(key)
 
     def enqueue_many(
         self,
@@ -295,13 +295,13 @@ class Queue:
         With ``keys`` (one per payload, None for none), a key already held by a live job of
         the queue adds nothing and gives that job's id; inside the batch the first one wins.
         Every job of the batch is in ``group`` (see ``enqueue``)."""
-        params = _enqueue_many_params(
+        params = enqueue_many_params(
             payloads, queue, delay, run_at, max_attempts, priority, keys, group
         )
-        how = _enqueue_many_route(params)
+        how = enqueue_many_route(params)
         if how == "none":
             return []
-        conn = _your_conn(conn)
+        conn = your_conn(conn)
         if how == "keyed":
             return self._keyed_many(params, conn)
         if how == "copy":
@@ -312,9 +312,9 @@ class Queue:
         """``enqueue_many`` with keys: reserve ids, insert with ON CONFLICT DO NOTHING, then
         give each payload the id of the job that holds its key."""
         reserve = params | {"n": len(params["payloads"])}
-        ids, run_at = _reserved(self._run("enqueue_reserve", reserve, conn).fetchone())
+        ids, run_at = reserved(self._run("enqueue_reserve", reserve, conn).fetchone())
         found = self._run("enqueue_keyed", params | {"ids": ids, "run_at": run_at}, conn).fetchall()
-        keyed = _Keyed(params["keys"], ids, found)
+        keyed = Keyed(params["keys"], ids, found)
         if keyed.missing:  # held by a racing enqueue that committed after the statement began
             ask = {"queue": params["queue"], "keys": keyed.missing}
             keyed.add_holders(self._run("key_holders", ask, conn).fetchall())
@@ -324,10 +324,10 @@ class Queue:
         """``enqueue_many`` for large batches: reserve the ids, then COPY the jobs in."""
         conn = conn or self.conn
         reserve = params | {"n": len(params["payloads"])}
-        ids, run_at = _reserved(self._run("enqueue_reserve", reserve, conn).fetchone())
+        ids, run_at = reserved(self._run("enqueue_reserve", reserve, conn).fetchone())
         with conn.cursor().copy(statements.query("enqueue_copy")) as copy:
             copy.set_types(COPY_TYPES)
-            for row in _copy_rows(params, ids, run_at):
+            for row in copy_rows(params, ids, run_at):
                 copy.write_row(row)
         return ids
 
@@ -340,7 +340,7 @@ class Queue:
         and the next queue fills what is left of ``limit`` (one statement per queue asked).
         In a queue with a per-group limit, a group running its ``per_group`` jobs is passed
         over for the next job of another group."""
-        names, limit, lease = _claim_args(queue, limit, lease)
+        names, limit, lease = claim_args(queue, limit, lease)
         jobs: list[Job] = []
         for name in names:
             params = {"queue": name, "limit": limit - len(jobs), "lease": lease}
@@ -355,9 +355,9 @@ class Queue:
 
     def _claim_rows(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         """One queue's claim: the statement it needs (the route's guess, flipped when the
-        statement refuses the queue), again after a slot race; nothing after ``_SLOT_TRIES``
+        statement refuses the queue), again after a slot race; nothing after ``SLOT_TRIES``
         races (a claim soon after sees the slots taken)."""
-        for _ in range(_SLOT_TRIES):
+        for _ in range(SLOT_TRIES):
             try:
                 rows = self._run(self._route.statement(name), params).fetchall()
             except SlotRace:
@@ -370,25 +370,25 @@ class Queue:
 
     def heartbeat(self, job: Job, *, lease: float = 30.0) -> bool:
         """Extend the job's lease; False (and ``job.lost``) if someone else holds it now."""
-        params = {"id": job.id, "fence": job.fence, "lease": _lease(lease)}
+        params = {"id": job.id, "fence": job.fence, "lease": checked_lease(lease)}
         deadline = time.monotonic() + params["lease"]
-        return _beat(job, self._run("heartbeat", params).fetchone(), deadline)
+        return beat(job, self._run("heartbeat", params).fetchone(), deadline)
 
     def heartbeat_many(self, jobs: Sequence[Job], *, lease: float = 30.0) -> list[Job]:
         """Extend many leases in one statement; return the jobs that were lost (marked)."""
         if not jobs:
             return []
-        params = {**_held(jobs), "lease": _lease(lease)}
+        params = {**held_params(jobs), "lease": checked_lease(lease)}
         deadline = time.monotonic() + params["lease"]
-        cur = self._run("heartbeat_many", params, prepare=_prepare_many(self._prepare, jobs))
-        return _beat_many(jobs, cur.fetchall(), deadline)
+        cur = self._run("heartbeat_many", params, prepare=prepare_many(self._prepare, jobs))
+        return beat_many(jobs, cur.fetchall(), deadline)
 
     def complete(self, job: Job, result: object = None) -> bool:
         """Mark the job done, storing ``result`` (JSON, at most ``MAX_RESULT_BYTES``; None
         stores nothing) in the same fenced statement; False (and ``job.lost``) if its fence
         is stale, and then nothing is stored. ``BadInput`` for a result it cannot store."""
-        name, params = _complete_params(job, result)
-        return _ended(job, self._run(name, params).rowcount == 1, "done")
+        name, params = complete_params(job, result)
+        return end_reply(job, self._run(name, params).rowcount == 1, "done")
 
     def complete_many(
         self, jobs: Sequence[Job], results: Sequence[object] | None = None
@@ -397,9 +397,9 @@ class Queue:
         (one per job, None: nothing) is given; return the ones rejected (marked)."""
         if not jobs:
             return []
-        name, params = _complete_many_params(jobs, results)
-        cur = self._run(name, params, prepare=_prepare_many(self._prepare, jobs))
-        return _completed_many(jobs, cur.fetchall())
+        name, params = complete_many_params(jobs, results)
+        cur = self._run(name, params, prepare=prepare_many(self._prepare, jobs))
+        return completed_many(jobs, cur.fetchall())
 
     def fail(
         self,
@@ -416,27 +416,27 @@ class Queue:
         ``job.status`` tells which way it went ('ready' or 'dead'), ``job.retry_in`` when.
         ``delay`` retries after that many seconds instead of the backoff (it still counts as
         an attempt); ``give_up`` sends the job dead at once."""
-        params = _fail_params(job, error, backoff, delay, give_up)
-        return _failed(job, self._run("fail", params).fetchone())
+        params = fail_params(job, error, backoff, delay, give_up)
+        return fail_reply(job, self._run("fail", params).fetchone())
 
     def release(self, job: Job) -> bool:
         """Give back a claimed job that was not started: the attempt is given back, the
         fence stays (so afterwards fence > attempts; the fence only ever rises)."""
         params = {"id": job.id, "fence": job.fence}
-        return _ended(job, self._run("release", params).rowcount == 1, "ready")
+        return end_reply(job, self._run("release", params).rowcount == 1, "ready")
 
     def cancel(self, job_id: int) -> bool:
         """Cancel a ready or running job; True if it was. A ready job never runs; a running
         one's fence rises, so its holder's heartbeat, completion and fenced writes are
         refused and its handler sees ``job.lost``. Done, dead or cancelled jobs: False."""
-        return self._run("cancel", {"id": _job_id(job_id)}).fetchone() is not None
+        return self._run("cancel", {"id": checked_job_id(job_id)}).fetchone() is not None
 
     # -- per-group limits ------------------------------------------------------------
     def limit(self, queue: str, *, per_group: int | None) -> None:
         """Let at most ``per_group`` jobs of one group (``enqueue(group=...)``) of ``queue``
         run at once, on every worker, from their next claim on; ``per_group=None`` removes
         the limit. Jobs without a group are not limited. Stored in ``pgqueue_limits``."""
-        params = _limit_params(queue, per_group)
+        params = limit_params(queue, per_group)
         self._run("set_limit" if per_group is not None else "remove_limit", params)
 
     def limits(self) -> list[Limit]:
@@ -457,13 +457,13 @@ class Queue:
         dead are left as they are: compare the result with what you asked for. A dead job
         whose key a ready or running job holds again stays dead, and the others are retried:
         the result's ``skipped`` lists those (``LeftDead``: id, key, the job holding it)."""
-        plan = _retry_dead_plan(queue, ids, extra)
+        plan = retry_dead_plan(queue, ids, extra)
         if plan is None:
             return Retried()  # no ids: retry none (not "no filter")
         name, params = plan
-        for _ in range(_KEY_TRIES):
+        for _ in range(KEY_TRIES):
             try:
-                return _retried(name, self._run(name, params).fetchall())
+                return retried_reply(name, self._run(name, params).fetchall())
             except KeyRace as exc:
                 race = exc  # a key taken after the statement began; a new one sees it
                 if self.conn.info.transaction_status != TransactionStatus.IDLE:
@@ -485,7 +485,7 @@ class Queue:
         someone waits for: a row in pgqueue_waiters while it waits), within milliseconds,
         and reads the row every ``poll_interval`` seconds as well; behind PgBouncer, inside
         a transaction of yours or with ``listen=False`` it polls only."""
-        job_id, deadline, poll = _result_args(job_id, timeout, poll_interval)
+        job_id, deadline, poll = result_args(job_id, timeout, poll_interval)
         conn = self.conn
         hear = listen and not self.pgbouncer and conn.autocommit
         hear = hear and conn.info.transaction_status == TransactionStatus.IDLE
@@ -496,10 +496,10 @@ class Queue:
                 self._run("wait_for", {"id": job_id})
             mine = str(job_id)
             while True:
-                done, value = _result_of(job_id, self._run("result", {"id": job_id}).fetchone())
+                done, value = result_of(job_id, self._run("result", {"id": job_id}).fetchone())
                 if done:
                     return value
-                wait = _result_wait(job_id, deadline, poll, value)
+                wait = result_wait(job_id, deadline, poll, value)
                 if not hear:
                     time.sleep(wait)
                     continue
@@ -513,13 +513,13 @@ class Queue:
 
     def get(self, job_id: int) -> JobState | None:
         """The job with this id as it is now, or None if there is none."""
-        row = self._run("get", {"id": _job_id(job_id)}).fetchone()
+        row = self._run("get", {"id": checked_job_id(job_id)}).fetchone()
         return None if row is None else JobState(*row)
 
     def steps(self, job_id: int) -> list[StepState]:
         """The durable steps job ``job_id`` has stored (``Job.step``), oldest first: name,
         fence of the claim that wrote it, when, and output."""
-        return [StepState(*row) for row in self._run("steps", {"job": _job_id(job_id)})]
+        return [StepState(*row) for row in self._run("steps", {"job": checked_job_id(job_id)})]
 
     def stats(self, *, exact: bool = False) -> list[dict[str, Any]]:
         """Job counts by queue and status, with the oldest runnable job's wait in seconds and
@@ -530,9 +530,9 @@ class Queue:
         them counted (``counted`` True); a larger one gives None. ``exact=True`` counts
         every status by reading the whole table."""
         cur = self._run("stats_exact" if exact else "stats", {})
-        rows = _stats_rows(cur.description, cur.fetchall())
+        rows = stats_reply(cur.description, cur.fetchall())
         if not exact:
-            rows.append(_finished_estimate(rows, self._run("stats_rows", {}).fetchone()))
+            rows.append(finished_estimate(rows, self._run("stats_rows", {}).fetchone()))
         return rows
 
     def schedules(self) -> list[ScheduleState]:
@@ -553,7 +553,7 @@ class Queue:
         ``batch`` jobs at a time, one short transaction each (never one long DELETE that
         holds back vacuum), however far apart their ids are; ``progress(ids_done,
         ids_total)`` is called after each batch. Dead jobs are kept: they wait for a person."""
-        run = _Pruning(self._run("id_span", {}).fetchone(), batch, _prune_args(older_than, batch))
+        run = Pruning(self._run("id_span", {}).fetchone(), batch, prune_args(older_than, batch))
         while (params := run.params()) is not None:
             run.took(self._run("prune_archive" if archive else "prune", params).fetchone())
             if progress is not None:

@@ -30,7 +30,7 @@ import psycopg
 
 from .errors import BadInput
 from .job import Job
-from .params import MAX_BACKOFF, MAX_LEASE, _group, _queue_name, _seconds
+from .params import MAX_BACKOFF, MAX_LEASE, checked_group, checked_queue_name, checked_seconds
 from .periodic import Schedule
 from .queue import Queue
 
@@ -77,7 +77,7 @@ class Task:
         """This task with enqueue options: a unique ``key``, a ``delay`` or ``run_at``, a
         ``priority``, your own transaction's ``conn``, or a ``group`` (in place of the
         task's own) whose jobs run at most the queue's per-group limit at once."""
-        options = _Options(key, delay, run_at, priority, conn, _group(group))
+        options = _Options(key, delay, run_at, priority, conn, checked_group(group))
         return replace(self, options=options)
 
     def enqueue(self, **kwargs: Any) -> int:
@@ -146,20 +146,20 @@ class Tasks:
                 or max_attempts < 1
             ):
                 raise BadInput(f"max_attempts must be a whole number >= 1, got {max_attempts!r}")
-            if timeout is not None and not _seconds("timeout", timeout, upper=MAX_LEASE) > 0:
+            if timeout is not None and not checked_seconds("timeout", timeout, upper=MAX_LEASE) > 0:
                 raise BadInput("timeout must be more than 0 seconds (or None)")
             if backoff is not None:
-                _seconds("backoff", backoff, upper=MAX_BACKOFF)
+                checked_seconds("backoff", backoff, upper=MAX_BACKOFF)
             task = Task(
                 task_name,
                 fn,
-                _queue_name(queue),
+                checked_queue_name(queue),
                 max_attempts,
                 timeout,
                 backoff,
                 priority,
                 self,
-                group=_group(group),
+                group=checked_group(group),
             )
             self.tasks[task_name] = task
             return task

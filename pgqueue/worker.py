@@ -226,7 +226,7 @@ class Worker(Face):
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         again = self.engine.stopping
-        _log_signal(self.options.name, again)
+        log_signal(self.options.name, again)
         self.engine.call_soon(self.engine.request_stop, again)
         if self._loop is None:  # not started yet: stop as soon as it is
             self.engine.request_stop()
@@ -259,7 +259,7 @@ def console_logging() -> Iterator[None]:
         package.setLevel(level)
 
 
-def _log_signal(name: str, again: bool) -> None:
+def log_signal(name: str, again: bool) -> None:
     if again:
         log.warning("%s: second signal: stopping now, without waiting for handlers", name)
     else:

@@ -11,7 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from pgqueue.errors import BadInput
 from pgqueue.options import whole
-from pgqueue.params import MAX_ATTEMPTS, MAX_BACKOFF, MAX_LEASE, _lease, _seconds
+from pgqueue.params import MAX_ATTEMPTS, MAX_BACKOFF, MAX_LEASE, checked_lease, checked_seconds
 
 KEYS = ("DSN", "LEASE", "MAX_ATTEMPTS", "BACKOFF", "TIMEOUT", "IMMEDIATE")
 
@@ -48,7 +48,7 @@ class BackendOptions:
 
         return cls(
             dsn=check("DSN", _dsn, None),
-            lease=check("LEASE", _lease, 30.0),
+            lease=check("LEASE", checked_lease, 30.0),
             max_attempts=check("MAX_ATTEMPTS", _attempts, 5),
             backoff=check("BACKOFF", _backoff, 1.0),
             timeout=check("TIMEOUT", _timeout, None),
@@ -61,7 +61,7 @@ def _attempts(value: object) -> int:
 
 
 def _backoff(value: object) -> float:
-    return _seconds("BACKOFF", value, upper=MAX_BACKOFF)
+    return checked_seconds("BACKOFF", value, upper=MAX_BACKOFF)
 
 
 def _dsn(value: object) -> str | None:
@@ -73,7 +73,7 @@ def _dsn(value: object) -> str | None:
 def _timeout(value: object) -> float | None:
     if value is None:
         return None
-    if not _seconds("TIMEOUT", value, upper=MAX_LEASE) > 0:
+    if not checked_seconds("TIMEOUT", value, upper=MAX_LEASE) > 0:
         raise BadInput("TIMEOUT must be more than 0 seconds (or None for no timeout)")
     return float(value)  # type: ignore[arg-type]
 
