@@ -1,0 +1,674 @@
+"""Watch a queue live: ready, running and dead jobs by queue, the jobs finished per second,
+and each running job's lease (time left, fence), in a notebook figure updated in place.
+
+``pgqueue.monitor(q, ...)`` watches in the calling thread until its time is up, a condition
+is met (``until``) or the cell is interrupted, and leaves the last figure in the output;
+``with pgqueue.Monitor(q, ...):`` watches on a thread of its own beside your code. The
+monitor reads the table on a connection of its own, a few cheap statements a look
+(``sql/monitor.sql``: partial indexes and a primary-key range, never the done jobs), and
+takes its time from the database. matplotlib and IPython are imported only to draw.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cache
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import IsolationLevel
+from psycopg.conninfo import make_conninfo
+
+from . import statements
+from .async_queue import AsyncQueue
+from .db import connect, pgbouncer_mode
+from .engine import Phase
+from .errors import BadInput
+from .options import whole
+from .params import pgqueue_error, queue_names
+from .queue import Queue
+from .worker import Face
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    Until = Callable[[], object] | Face | threading.Thread | threading.Event | str
+
+__all__ = ["Counts", "Lease", "Monitor", "Snapshot", "draw", "monitor"]
+
+# What the figure says in text (alt text on GitHub; the same on every look, for nbval).
+ALT = "pgqueue monitor: ready, running and dead jobs by queue, throughput, running leases"
+_COLORS = {"ready": "tab:blue", "running": "tab:orange", "dead": "0.2", "done": "tab:green"}
+# One color per queue when several are drawn, none of them a status's.
+_QUEUE_COLORS = ["tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray"]
+
+
+@cache
+def _sql() -> dict[str, str]:
+    text = resources.files("pgqueue").joinpath("sql/monitor.sql").read_text(encoding="utf-8")
+    return statements.parse(text)
+
+
+# -- what a look sees ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Lease:
+    """A running job as a look saw it."""
+
+    id: int
+    queue: str
+    fence: int
+    attempt: int
+    left: float  # seconds of lease left; negative: it ran out, the reaper may take the job
+    running_for: float | None  # seconds since this attempt began
+
+
+@dataclass(frozen=True)
+class Counts:
+    """One queue at one look. ``finished``: jobs done or cancelled since the previous look
+    (0 on the first), derived from the counts and the jobs added meanwhile."""
+
+    ready: int = 0
+    running: int = 0
+    dead: int = 0
+    finished: int = 0
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(
+            self.ready + other.ready,
+            self.running + other.running,
+            self.dead + other.dead,
+            self.finished + other.finished,
+        )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One look at the table: ``t`` seconds after the first look (the database's clock),
+    the counts by queue, and the running jobs whose leases end first (at most ``bars``)."""
+
+    t: float
+    at: datetime  # the database's now()
+    seconds: float  # since the previous look (0 on the first)
+    queues: dict[str, Counts]
+    leases: tuple[Lease, ...]
+
+    @property
+    def total(self) -> Counts:
+        """The counts summed over the queues watched."""
+        return sum(self.queues.values(), Counts())
+
+    @property
+    def rate(self) -> float | None:
+        """Jobs finished per second since the previous look (None on the first look)."""
+        return self.total.finished / self.seconds if self.seconds > 0 else None
+
+
+class _Eye:
+    """The monitor's connection and what it remembers between looks (the counts and the
+    newest id), to tell how many jobs finished in between."""
+
+    def __init__(self, dsn: str, pgbouncer: bool, queues: list[str] | None, bars: int) -> None:
+        self.conn = connect(dsn, application_name="pgqueue monitor", pgbouncer=pgbouncer)
+        self.conn.isolation_level = IsolationLevel.REPEATABLE_READ  # one moment per look
+        self.conn.read_only = True
+        self.queues, self.bars = queues, bars
+        self._newest: int | None = None
+        self._before: dict[str, Counts] = {}
+        self._first: datetime | None = None
+        self._last: datetime | None = None
+
+    def look(self) -> Snapshot:
+        sql = _sql()
+        params = {"queues": self.queues, "after": self._newest, "limit": max(self.bars, 1)}
+        try:
+            with self.conn.transaction():
+                at, newest = self.conn.execute(sql["monitor_clock"]).fetchone() or (None, 0)
+                rows = self.conn.execute(sql["monitor_counts"], params).fetchall()
+                leases = self.conn.execute(sql["monitor_leases"], params).fetchall()
+        except psycopg.Error as exc:
+            mapped = pgqueue_error(exc)
+            if mapped is None:
+                raise
+            raise mapped from None
+        found: dict[str, dict[str, int]] = {}
+        for queue, status, jobs in rows:
+            found.setdefault(queue, {})[status] = int(jobs)
+        queues = {}
+        for queue in sorted(found.keys() | self._before.keys()):
+            now = found.get(queue, {})
+            counts = Counts(now.get("ready", 0), now.get("running", 0), now.get("dead", 0))
+            if self._newest is not None:
+                # A job that left the live and dead ones, and was not added since, finished.
+                before = self._before.get(queue, Counts())
+                gone = _kept(before) - _kept(counts) + now.get("added", 0)
+                counts = Counts(counts.ready, counts.running, counts.dead, max(gone, 0))
+            if _kept(counts) or counts.finished:
+                queues[queue] = counts
+        self._before = {queue: counts for queue, counts in queues.items() if _kept(counts)}
+        self._newest = int(newest)
+        first = self._first = self._first or at
+        last, self._last = self._last, at
+        return Snapshot(
+            t=(at - first).total_seconds(),
+            at=at,
+            seconds=0.0 if last is None else (at - last).total_seconds(),
+            queues=queues,
+            leases=tuple(Lease(*row) for row in leases[: self.bars]),
+        )
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _kept(counts: Counts) -> int:
+    """The jobs of a queue still in the table's live or dead states."""
+    return counts.ready + counts.running + counts.dead
+
+
+# -- the monitor --------------------------------------------------------------------------
+
+
+class Monitor:
+    """Watch ``source`` (a ``Queue``, an ``AsyncQueue`` or a DSN) on a connection of its
+    own, one look every ``every`` seconds, for ``queue`` (a name or a list; None: every
+    queue). Stops after ``seconds``, or when ``until`` is done: a ``Worker`` (or
+    ``AsyncWorker``) that has stopped working (a burst worker ran dry, or ``stop()``), a
+    started thread that ended, an ``Event`` set, a callable that returns true, the text
+    ``"drained"`` (the queues watched had ready or running jobs and have none left), or a
+    list of these (all of them). ``bars``: the running jobs drawn, those whose leases end
+    first. ``show``: in a notebook, a figure updated in place (the last one stays in the
+    output); elsewhere a line of text a second; False shows nothing.
+
+    ``run()`` watches in this thread (an interrupt, Ctrl-C, ends it like ``seconds``);
+    ``start()``/``stop()`` or ``with`` watch on a thread of its own. ``snapshots`` holds
+    every look, ``figure()`` draws the last, ``frame()`` gives them as a DataFrame.
+    """
+
+    def __init__(
+        self,
+        source: Queue | AsyncQueue | str,
+        queue: str | Sequence[str] | None = None,
+        *,
+        seconds: float | None = None,
+        until: Until | Sequence[Until] | None = None,
+        every: float = 0.25,
+        bars: int = 10,
+        show: bool = True,
+    ) -> None:
+        self._dsn, self._pgbouncer = _dsn_of(source)
+        self.queues = None if queue is None else queue_names(queue)
+        self.seconds = None if seconds is None else _seconds("seconds", seconds, 0.0)
+        self.every = _seconds("every", every, 0.01)
+        self.bars = whole("bars", bars, 0, 50)
+        self._until = _conditions(until)
+        self._drained = until == "drained" or (
+            isinstance(until, list | tuple) and "drained" in until
+        )
+        self.show = bool(show)
+        self.snapshots: list[Snapshot] = []
+        self.stopped_by: str | None = None  # seconds, until, interrupted, stop or error
+        self.error: BaseException | None = None
+        self._eye: _Eye | None = None
+        self._screen: _Screen | None = None
+        self._thread: threading.Thread | None = None
+        self._halt = threading.Event()
+        self._ended = threading.Lock()
+        self._busy = False  # "drained": some look saw a ready or running job
+
+    # -- watching -----------------------------------------------------------------------
+    def run(self) -> Monitor:
+        """Watch in this thread until ``seconds``, ``until`` or an interrupt; return self."""
+        try:
+            self._begin()
+            self._watch()
+        except KeyboardInterrupt:
+            self.stopped_by = "interrupted"
+        finally:
+            self._end()
+        return self
+
+    def start(self) -> Monitor:
+        """Take the first look here (a bad DSN or a missing table fails in the caller's
+        thread), then watch on a thread of its own; return self."""
+        self._begin()
+        self._thread = threading.Thread(target=self._serve, daemon=True, name="pgqueue-monitor")
+        self._thread.start()
+        return self
+
+    def stop(self) -> Monitor:
+        """Stop watching (the thread's last look stays the last), leave the figure; return
+        self. Raises what stopped the thread, if a look failed."""
+        self._halt.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.stopped_by is None:
+            self.stopped_by = "stop"
+        self._end()
+        if self.error is not None:
+            raise self.error
+        return self
+
+    def __enter__(self) -> Monitor:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        if kind is not None and issubclass(kind, KeyboardInterrupt):
+            self.stopped_by = "interrupted"
+        self.stop()
+
+    def _begin(self) -> None:
+        if self._eye is not None:
+            raise BadInput("this monitor has already watched: make a new one")
+        self._eye = _Eye(self._dsn, self._pgbouncer, self.queues, self.bars)
+        self._screen = _Screen(self.show)
+        self._look()
+
+    def _serve(self) -> None:
+        try:
+            self._watch()
+        except BaseException as exc:  # re-raised by stop(), in the caller's thread
+            self.error, self.stopped_by = exc, "error"
+        if self.stopped_by != "stop":
+            self._end()
+
+    def _watch(self) -> None:
+        began = time.monotonic()
+        deadline = None if self.seconds is None else began + self.seconds
+        while (reason := self._reason(deadline)) is None:
+            pause = self.every - (time.monotonic() - self._looked)
+            if deadline is not None:
+                pause = min(pause, deadline - time.monotonic())
+            if self._halt.wait(max(pause, 0.0)):
+                return
+            self._look()
+        self.stopped_by = reason
+
+    def _look(self) -> None:
+        assert self._eye is not None and self._screen is not None
+        self._looked = time.monotonic()
+        snapshot = self._eye.look()
+        self.snapshots.append(snapshot)
+        self._busy = self._busy or snapshot.total.ready + snapshot.total.running > 0
+        self._screen.update(self)
+
+    def _reason(self, deadline: float | None) -> str | None:
+        if deadline is not None and time.monotonic() >= deadline:
+            return "seconds"
+        if self._until is not None and self._until(self):
+            return "until"
+        return None
+
+    def _end(self) -> None:
+        if not self._ended.acquire(blocking=False):
+            return
+        if self._eye is not None:
+            self._eye.close()
+        if self._screen is not None and self.snapshots:
+            self._screen.update(self, final=True)
+
+    # -- what it saw ----------------------------------------------------------------------
+    @property
+    def done(self) -> int:
+        """Jobs finished (done or cancelled) between the first look and the last."""
+        return sum(s.total.finished for s in self.snapshots)
+
+    @property
+    def fences(self) -> dict[int, set[int]]:
+        """Each running job seen, with every fence it was seen running under."""
+        seen: dict[int, set[int]] = {}
+        for snapshot in self.snapshots:
+            for lease in snapshot.leases:
+                seen.setdefault(lease.id, set()).add(lease.fence)
+        return seen
+
+    def figure(self) -> Figure:
+        """The last look drawn as a new matplotlib figure (see ``draw``)."""
+        return draw(self.snapshots, stopped_by=self.stopped_by)
+
+    def frame(self) -> pd.DataFrame:
+        """One row per look and queue: t, queue, ready, running, dead, finished, rate."""
+        import pandas as pd
+
+        rows = [
+            {
+                "t": s.t,
+                "queue": queue,
+                "ready": c.ready,
+                "running": c.running,
+                "dead": c.dead,
+                "finished": c.finished,
+                "rate": c.finished / s.seconds if s.seconds > 0 else float("nan"),
+            }
+            for s in self.snapshots
+            for queue, c in s.queues.items()
+        ]
+        return pd.DataFrame(
+            rows, columns=["t", "queue", "ready", "running", "dead", "finished", "rate"]
+        )
+
+    def __repr__(self) -> str:
+        last = self.snapshots[-1].total if self.snapshots else Counts()
+        return (
+            f"<Monitor: {len(self.snapshots)} looks, {self.done} finished; last: {last.ready} "
+            f"ready, {last.running} running, {last.dead} dead; stopped by {self.stopped_by}>"
+        )
+
+
+def monitor(
+    source: Queue | AsyncQueue | str,
+    queue: str | Sequence[str] | None = None,
+    *,
+    seconds: float | None = None,
+    until: Until | Sequence[Until] | None = None,
+    every: float = 0.25,
+    bars: int = 10,
+    show: bool = True,
+) -> Monitor:
+    """Watch a queue live until ``seconds`` have passed, ``until`` is done or the cell is
+    interrupted (which ends the watch, not the cell), and return the ``Monitor`` with what
+    it saw. With neither ``seconds`` nor ``until`` it watches until interrupted. Run the
+    workers on threads (``Worker.start()``) or elsewhere; ``with pgqueue.Monitor(...):``
+    watches beside code of your own instead. See ``Monitor`` for the arguments."""
+    return Monitor(
+        source, queue, seconds=seconds, until=until, every=every, bars=bars, show=show
+    ).run()
+
+
+# -- checking what it was given -----------------------------------------------------------
+def _dsn_of(source: object) -> tuple[str, bool]:
+    """The DSN to open the monitor's own connection with, and whether it is PgBouncer's."""
+    if isinstance(source, str) and source.strip():
+        return source, pgbouncer_mode(None)
+    if isinstance(source, Queue | AsyncQueue):
+        conn = source.conn
+        if conn.closed:
+            raise BadInput("monitor: the Queue's connection is closed; pass an open Queue")
+        dsn = conn.info.dsn
+        if conn.info.password:  # not in info.dsn
+            dsn = make_conninfo(dsn, password=conn.info.password)
+        return dsn, source.pgbouncer
+    raise BadInput(
+        f"monitor needs a queue connection to watch: a pgqueue.Queue (or AsyncQueue, or a "
+        f"DSN string), got {source!r}"
+    )
+
+
+def _seconds(what: str, value: object, lower: float) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not value > lower
+    ):
+        least = f"at least {lower:g}" if lower else "more than 0"
+        raise BadInput(f"{what} must be a number of seconds ({least}), got {value!r}")
+    return float(value)
+
+
+def _conditions(until: object) -> Callable[[Monitor], bool] | None:
+    """``until`` as one test of the monitor, or None; a one-line error for anything else."""
+    if until is None:
+        return None
+    if isinstance(until, list | tuple):
+        if not until:
+            raise BadInput("until must not be an empty list (None: no condition)")
+        tests = [_condition(each) for each in until]
+        return lambda m: all(test(m) for test in tests)
+    return _condition(until)
+
+
+def _condition(until: object) -> Callable[[Monitor], bool]:
+    if until == "drained":
+        return lambda m: (
+            m._busy and not (m.snapshots[-1].total.ready + m.snapshots[-1].total.running)
+        )
+    if isinstance(until, Face):
+        return lambda m: _finished(until)
+    if isinstance(until, threading.Thread):
+        return lambda m: until.ident is not None and not until.is_alive()
+    if isinstance(until, threading.Event):
+        return lambda m: until.is_set()
+    if callable(until) and not isinstance(until, str | type):
+        return lambda m: bool(until())
+    raise BadInput(
+        "until must be a Worker, a thread, an Event, a callable, 'drained' or a list of "
+        f"them, got {until!r}"
+    )
+
+
+def _finished(worker: Face) -> bool:
+    """A worker that started and has stopped working: stopped, or a burst run gone dry."""
+    engine = worker.engine
+    return engine.phase >= Phase.STOPPING or (engine.phase > Phase.NEW and not engine.working)
+
+
+# -- showing it ---------------------------------------------------------------------------
+class _Screen:
+    """Where the looks go: a figure updated in place in a notebook (a display id), a line
+    of text at most once a second elsewhere, or nowhere (``show=False``)."""
+
+    def __init__(self, show: bool) -> None:
+        self.mode = "none" if not show else ("notebook" if _in_notebook() else "text")
+        if self.mode == "notebook":  # imported now, so the first drawing times only itself
+            import IPython.display  # noqa: F401
+            import matplotlib.figure  # noqa: F401
+        self._handle: Any = None
+        self._figure: Figure | None = None
+        self._printed = -math.inf
+        self._next_draw = -math.inf
+
+    def update(self, monitor: Monitor, *, final: bool = False) -> None:
+        if self.mode == "notebook" and (final or time.monotonic() >= self._next_draw):
+            began = time.monotonic()
+            self._draw(monitor, final)
+            # A drawing can take a good part of a second of CPU on a slow machine, beside
+            # the workers: redraw after twice that at the soonest (a third of it drawing).
+            self._next_draw = time.monotonic() + min(2 * (time.monotonic() - began), 2.0)
+        elif self.mode == "text" and (final or time.monotonic() - self._printed >= 1.0):
+            self._printed = time.monotonic()
+            print(_line(monitor, final), flush=True)
+
+    def _draw(self, monitor: Monitor, final: bool) -> None:
+        from IPython.display import display
+
+        self._figure = draw(
+            monitor.snapshots, stopped_by=monitor.stopped_by if final else None, fig=self._figure
+        )
+        png = io.BytesIO()
+        self._figure.savefig(png, format="png")
+        bundle = {"image/png": png.getvalue(), "text/plain": ALT}
+        if self._handle is None:
+            self._handle = display(bundle, raw=True, display_id=True)
+        else:
+            self._handle.update(bundle, raw=True)
+
+
+def _in_notebook() -> bool:
+    """Whether this runs in a Jupyter kernel (which can show a figure and update it)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def _line(monitor: Monitor, final: bool) -> str:
+    last = monitor.snapshots[-1]
+    parts = [
+        f"{queue}: {c.ready} ready, {c.running} running, {c.dead} dead"
+        for queue, c in last.queues.items()
+    ] or ["no jobs"]
+    rate = "" if last.rate is None else f"; {last.rate:.0f} finished/s"
+    end = f"; {monitor.done} finished, stopped by {monitor.stopped_by}" if final else ""
+    return f"{last.t:6.1f} s  " + "; ".join(parts) + rate + end
+
+
+# -- the figure ---------------------------------------------------------------------------
+def draw(
+    snapshots: Sequence[Snapshot], *, stopped_by: str | None = None, fig: Figure | None = None
+) -> Figure:
+    """The monitor's figure from its looks: the jobs by queue at the last look, ready and
+    running jobs over time, jobs finished per second, and the running jobs' leases (time
+    left, fence), from the last look that saw a job running. ``fig``: a figure to redraw."""
+    from matplotlib.figure import Figure
+
+    if fig is None:
+        fig = Figure(figsize=(11, 6.6), dpi=100)
+    fig.clear()
+    # Fixed margins, not a layout engine: a layout pass would cost a second drawing.
+    grid = fig.add_gridspec(
+        2, 3, height_ratios=[1.0, 1.1], width_ratios=[1.0, 1.25, 1.25], left=0.1, right=0.98
+    )
+    grid.update(top=0.9, bottom=0.08, hspace=0.45, wspace=0.3)
+    queues = _queues_seen(snapshots)
+    _draw_now(fig.add_subplot(grid[0, 0]), snapshots, queues)
+    _draw_over_time(fig.add_subplot(grid[0, 1]), snapshots, queues)
+    _draw_rate(fig.add_subplot(grid[0, 2]), snapshots, queues)
+    _draw_leases(fig.add_subplot(grid[1, :]), snapshots, many=len(queues) > 1)
+    fig.suptitle(_title(snapshots, stopped_by), fontsize=11)
+    return fig
+
+
+def _queues_seen(snapshots: Sequence[Snapshot], most: int = 6) -> list[str]:
+    """The queues to draw: the busiest ``most`` seen (by their largest count)."""
+    size: dict[str, int] = {}
+    for s in snapshots:
+        for queue, c in s.queues.items():
+            size[queue] = max(size.get(queue, 0), _kept(c) + c.finished)
+    return sorted(sorted(size, key=lambda q: -size[q])[:most])
+
+
+def _title(snapshots: Sequence[Snapshot], stopped_by: str | None) -> str:
+    if not snapshots:
+        return "pgqueue monitor: no look yet"
+    last, done = snapshots[-1], sum(s.total.finished for s in snapshots)
+    total = last.total
+    said = (
+        f"pgqueue monitor · {last.at:%H:%M:%S} on the database's clock · {last.t:.1f} s "
+        f"watched · {total.ready} ready · {total.running} running · {total.dead} dead · "
+        f"{done} finished"
+    )
+    return said + (f" · stopped: {stopped_by}" if stopped_by else " · live")
+
+
+def _draw_now(ax: Axes, snapshots: Sequence[Snapshot], queues: list[str]) -> None:
+    last = snapshots[-1].queues if snapshots else {}
+    height = 0.26
+    for i, status in enumerate(("ready", "running", "dead")):
+        values = [getattr(last.get(q, Counts()), status) for q in queues]
+        ys = [row + (i - 1) * height for row in range(len(queues))]
+        bars = ax.barh(ys, values, height=height, color=_COLORS[status], label=status)
+        ax.bar_label(bars, padding=2, fontsize=7)
+    ax.set_yticks(range(len(queues)), queues)
+    ax.set_ylim(len(queues) - 0.5, -0.5)
+    ax.set_xlabel("jobs (count)")
+    ax.set_title("Now, by queue", fontsize=10)
+    ax.margins(x=0.25)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+
+
+def _draw_over_time(ax: Axes, snapshots: Sequence[Snapshot], queues: list[str]) -> None:
+    times = [s.t for s in snapshots]
+    for n, queue in enumerate(queues):
+        color = _QUEUE_COLORS[n] if len(queues) > 1 else None
+        for status, style in (("ready", "-"), ("running", "--")):
+            values = [getattr(s.queues.get(queue, Counts()), status) for s in snapshots]
+            label = f"{queue} {status}" if len(queues) > 1 else status
+            ax.plot(
+                times, values, style, color=color or _COLORS[status], label=label, linewidth=1.5
+            )
+    ax.set_xlabel("time since the first look (s)")
+    ax.set_ylabel("jobs (count)")
+    ax.set_title("Ready and running", fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    if queues:
+        ax.legend(fontsize=7, ncols=2 if len(queues) > 2 else 1)
+
+
+def _draw_rate(ax: Axes, snapshots: Sequence[Snapshot], queues: list[str]) -> None:
+    later = [s for s in snapshots if s.seconds > 0]
+    for n, queue in enumerate(queues):
+        rates = [s.queues.get(queue, Counts()).finished / s.seconds for s in later]
+        color = _QUEUE_COLORS[n] if len(queues) > 1 else _COLORS["done"]
+        ax.step([s.t for s in later], rates, where="pre", color=color, label=queue)
+    done = sum(s.total.finished for s in snapshots)
+    ax.set_xlabel("time since the first look (s)")
+    ax.set_ylabel("jobs/s")
+    ax.set_title(f"Finished per second ({done} since the first look)", fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    if len(queues) > 1:
+        ax.legend(fontsize=7)
+
+
+def _draw_leases(ax: Axes, snapshots: Sequence[Snapshot], *, many: bool) -> None:
+    """One bar per running job: grey since its attempt began, then the lease left (red
+    where it ran out), labelled with the job and its fence; the jobs whose leases end first
+    on top. From the last look, or the last that saw a job running (it says which)."""
+    seen = next((s for s in reversed(snapshots) if s.leases), None)
+    last = snapshots[-1] if snapshots else None
+    ax.set_xlabel("seconds from the look (0): since the attempt began ← | → lease left")
+    ax.grid(axis="x", alpha=0.3)
+    if seen is None or last is None:
+        ax.set_title("Running jobs and their leases", fontsize=10)
+        ax.text(0.5, 0.5, "no job running", ha="center", va="center", transform=ax.transAxes)
+        ax.set_yticks([])
+        return
+    when = "now" if seen is last else f"at {seen.t:.1f} s, the last look that saw one running"
+    running = seen.total.running
+    more = (
+        f" (the {len(seen.leases)} of {running} whose leases end first)"
+        if running > len(seen.leases)
+        else ""
+    )
+    ax.set_title(f"Running jobs and their leases, {when}{more}", fontsize=10)
+    rows = range(len(seen.leases))
+    for row, lease in zip(rows, seen.leases, strict=True):
+        if lease.running_for:
+            ax.barh(row, -lease.running_for, color="0.8", height=0.6)
+        if lease.left >= 0:
+            ax.barh(row, lease.left, color=_COLORS["running"], height=0.6)
+            said = f"{lease.left:.1f} s left"
+        else:
+            ax.barh(row, lease.left, color="tab:red", height=0.6)
+            said = f"ran out {-lease.left:.1f} s ago: the reaper may take it"
+        ax.annotate(
+            f"  {said}",
+            (max(lease.left, 0.0), row),
+            va="center",
+            fontsize=7,
+            color="tab:red" if lease.left < 0 else "0.2",
+        )
+    names = [
+        f"#{lease.id} f={lease.fence}" + (f" {lease.queue}" if many else "")
+        for lease in seen.leases
+    ]
+    ax.set_yticks(list(rows), names, fontsize=8)
+    ax.set_ylim(len(seen.leases) - 0.5, -0.5)
+    ax.axvline(0, color="0.3", linewidth=1)
+    longest = max(max(lease.left for lease in seen.leases), 0.0)
+    oldest = max((lease.running_for or 0.0) for lease in seen.leases)
+    ax.set_xlim(-max(oldest, 0.05 * longest, 0.1) * 1.05, max(longest, 0.1) * 1.3)
+    from matplotlib.patches import Patch
+
+    ax.legend(
+        handles=[
+            Patch(color="0.8", label="running since"),
+            Patch(color=_COLORS["running"], label="lease left (#job f=fence)"),
+            Patch(color="tab:red", label="lease ran out"),
+        ],
+        fontsize=7,
+        loc="lower right",
+    )
