@@ -189,7 +189,8 @@ class Monitor:
     output); elsewhere a line of text a second; False shows nothing.
 
     ``run()`` watches in this thread (an interrupt, Ctrl-C, ends it like ``seconds``);
-    ``start()``/``stop()`` or ``with`` watch on a thread of its own. ``snapshots`` holds
+    ``start()``/``stop()`` or ``with`` watch on a thread of its own (``wait()`` for it to
+    end by itself). ``snapshots`` holds
     every look, ``figure()`` draws the last, ``frame()`` gives them as a DataFrame.
     """
 
@@ -257,6 +258,13 @@ class Monitor:
             raise self.error
         return self
 
+    def wait(self, timeout: float | None = None) -> Monitor:
+        """Block until the watch started by ``start()`` ends by itself (its ``seconds`` or
+        ``until``), or ``timeout`` seconds pass; return self."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self
+
     def __enter__(self) -> Monitor:
         return self.start()
 
@@ -283,14 +291,17 @@ class Monitor:
     def _watch(self) -> None:
         began = time.monotonic()
         deadline = None if self.seconds is None else began + self.seconds
-        while (reason := self._reason(deadline)) is None:
+        while True:
             pause = self.every - (time.monotonic() - self._looked)
             if deadline is not None:
                 pause = min(pause, deadline - time.monotonic())
             if self._halt.wait(max(pause, 0.0)):
                 return
-            self._look()
-        self.stopped_by = reason
+            reason = self._reason(deadline)
+            self._look()  # once more when it is over, so the last look shows the end
+            if reason is not None:
+                self.stopped_by = reason
+                return
 
     def _look(self) -> None:
         assert self._eye is not None and self._screen is not None
@@ -446,9 +457,12 @@ def _condition(until: object) -> Callable[[Monitor], bool]:
 
 
 def _finished(worker: Face) -> bool:
-    """A worker that started and has stopped working: stopped, or a burst run gone dry."""
+    """A worker that has stopped, or a burst run gone dry with every job it held settled
+    (its last completions are written in batches, after its handlers ended)."""
     engine = worker.engine
-    return engine.phase >= Phase.STOPPING or (engine.phase > Phase.NEW and not engine.working)
+    if engine.phase >= Phase.CLOSED:
+        return True
+    return engine.phase > Phase.NEW and not engine.working and not worker.in_flight
 
 
 # -- showing it ---------------------------------------------------------------------------

@@ -55,15 +55,14 @@ def test_it_sees_the_running_jobs_with_their_fences_and_the_counts_add_up(dsn: s
         Worker(hold, queue="race", dsn=dsn, name=f"w{i}", lease=5, poll_interval=0.05)
         for i in range(3)
     ]
-    with Queue(dsn) as q, Monitor(q, "race", every=0.05, show=False) as watch:
+    with Queue(dsn) as q, Monitor(q, "race", every=0.05, until="drained", show=False) as watch:
         for worker in workers:
             worker.start()
         first = q.enqueue_many([{"n": n} for n in range(3)], queue="race")
         busy = wait_for(looked(watch, lambda s: len(s.leases) == 3), what="3 running jobs")
         more = q.enqueue_many([{"n": n} for n in range(3, 20)], queue="race")  # while they run
         release.set()
-        wait_for(lambda: rows(dsn, "SELECT count(*) FROM jobs WHERE status = 'done'")[0][0] == 20)
-        wait_for(looked(watch, lambda s: s.total.finished and not s.total.ready + s.total.running))
+        watch.wait(timeout=15)  # until the queue had jobs and has none ready or running
     for worker in workers:
         worker.stop()
 
@@ -80,7 +79,8 @@ def test_it_sees_the_running_jobs_with_their_fences_and_the_counts_add_up(dsn: s
     assert watch.snapshots[0].total == Counts()
     assert watch.done == len(first) + len(more) == 20
     assert [s.t for s in watch.snapshots] == sorted(s.t for s in watch.snapshots)
-    assert watch.stopped_by == "stop" and monitor_sessions(dsn) == 0
+    assert watch.stopped_by == "until" and monitor_sessions(dsn) == 0
+    assert rows(dsn, "SELECT count(*) FROM jobs WHERE status = 'done'") == [(20,)]
     frame = watch.frame()
     assert frame["finished"].sum() == 20 and set(frame["queue"]) == {"race"}
 
