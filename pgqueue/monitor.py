@@ -48,6 +48,14 @@ __all__ = ["Counts", "Lease", "Monitor", "Snapshot", "draw", "monitor"]
 # What the figure says in text (alt text on GitHub; the same on every look, for nbval).
 ALT = "pgqueue monitor: ready, running and dead jobs by queue, throughput, running leases"
 _COLORS = {"ready": "tab:blue", "running": "tab:orange", "dead": "0.2", "done": "tab:green"}
+# What ended a watch (Monitor.stopped_by), as the figure's title says it.
+_STOPS = {
+    "seconds": "its time was up",
+    "until": "until= was met",
+    "interrupted": "interrupted",
+    "stop": "stop()",
+    "error": "a look failed",
+}
 # One color per queue when several are drawn, none of them a status's.
 _QUEUE_COLORS = ["tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray"]
 
@@ -239,7 +247,7 @@ class Monitor:
 
     def start(self) -> Monitor:
         """Take the first look here (a bad DSN or a missing table fails in the caller's
-        thread), then watch on a thread of its own; return self."""
+        thread), then watch, and draw, on a thread of its own; return self."""
         self._begin()
         self._thread = threading.Thread(target=self._serve, daemon=True, name="pgqueue-monitor")
         self._thread.start()
@@ -248,11 +256,11 @@ class Monitor:
     def stop(self) -> Monitor:
         """Stop watching (the thread's last look stays the last), leave the figure; return
         self. Raises what stopped the thread, if a look failed."""
+        if self.stopped_by is None:
+            self.stopped_by = "stop"
         self._halt.set()
         if self._thread is not None:
             self._thread.join()
-        if self.stopped_by is None:
-            self.stopped_by = "stop"
         self._end()
         if self.error is not None:
             raise self.error
@@ -278,6 +286,7 @@ class Monitor:
             raise BadInput("this monitor has already watched: make a new one")
         self._eye = _Eye(self._dsn, self._pgbouncer, self.queues, self.bars)
         self._screen = _Screen(self.show)
+        self._screen.reserve()  # its place in the caller's cell
         self._look()
 
     def _serve(self) -> None:
@@ -285,7 +294,7 @@ class Monitor:
             self._watch()
         except BaseException as exc:  # re-raised by stop(), in the caller's thread
             self.error, self.stopped_by = exc, "error"
-        if self.stopped_by != "stop":
+        if not self._halt.is_set():  # ended by itself: leave the figure now
             self._end()
 
     def _watch(self) -> None:
@@ -467,8 +476,9 @@ def _finished(worker: Face) -> bool:
 
 # -- showing it ---------------------------------------------------------------------------
 class _Screen:
-    """Where the looks go: a figure updated in place in a notebook (a display id), a line
-    of text at most once a second elsewhere, or nowhere (``show=False``)."""
+    """Where the looks go: a figure in a notebook, updated in place (a display id) by a
+    painter thread, so drawing never delays a look; a line of text at most once a second
+    elsewhere; or nowhere (``show=False``)."""
 
     def __init__(self, show: bool) -> None:
         self.mode = "none" if not show else ("notebook" if _in_notebook() else "text")
@@ -478,32 +488,52 @@ class _Screen:
         self._handle: Any = None
         self._figure: Figure | None = None
         self._printed = -math.inf
-        self._next_draw = -math.inf
+        self._painter: threading.Thread | None = None
+        self._wanted = threading.Event()  # a look since the last drawing
+        self._closing = threading.Event()
+
+    def reserve(self) -> None:
+        """Take the figure's place in the caller's cell now (text only until drawn)."""
+        if self.mode == "notebook":
+            from IPython.display import display
+
+            self._handle = display({"text/plain": ALT}, raw=True, display_id=True)
 
     def update(self, monitor: Monitor, *, final: bool = False) -> None:
-        if self.mode == "notebook" and (final or time.monotonic() >= self._next_draw):
-            began = time.monotonic()
-            self._draw(monitor, final)
-            # A drawing can take a good part of a second of CPU on a slow machine, beside
-            # the workers: redraw after twice that at the soonest (a third of it drawing).
-            self._next_draw = time.monotonic() + min(2 * (time.monotonic() - began), 2.0)
+        if self.mode == "notebook" and final:
+            self._closing.set()
+            self._wanted.set()
+            if self._painter is not None:
+                self._painter.join()
+            self._draw(monitor, final=True)
+        elif self.mode == "notebook":
+            if self._painter is None:
+                self._painter = threading.Thread(
+                    target=self._paint, args=(monitor,), daemon=True, name="pgqueue-monitor-draw"
+                )
+                self._painter.start()
+            self._wanted.set()
         elif self.mode == "text" and (final or time.monotonic() - self._printed >= 1.0):
             self._printed = time.monotonic()
             print(_line(monitor, final), flush=True)
 
-    def _draw(self, monitor: Monitor, final: bool) -> None:
-        from IPython.display import display
+    def _paint(self, monitor: Monitor) -> None:
+        while self._wanted.wait() and not self._closing.is_set():
+            self._wanted.clear()
+            began = time.monotonic()
+            self._draw(monitor, final=False)
+            # A drawing can take a good part of a second of CPU on a slow machine, beside
+            # the workers: draw again after twice that at the soonest (a third drawing).
+            if self._closing.wait(min(2 * (time.monotonic() - began), 2.0)):
+                return
 
+    def _draw(self, monitor: Monitor, *, final: bool) -> None:
         self._figure = draw(
             monitor.snapshots, stopped_by=monitor.stopped_by if final else None, fig=self._figure
         )
         png = io.BytesIO()
         self._figure.savefig(png, format="png")
-        bundle = {"image/png": png.getvalue(), "text/plain": ALT}
-        if self._handle is None:
-            self._handle = display(bundle, raw=True, display_id=True)
-        else:
-            self._handle.update(bundle, raw=True)
+        self._handle.update({"image/png": png.getvalue(), "text/plain": ALT}, raw=True)
 
 
 def _in_notebook() -> bool:
@@ -572,22 +602,28 @@ def _title(snapshots: Sequence[Snapshot], stopped_by: str | None) -> str:
         f"watched · {total.ready} ready · {total.running} running · {total.dead} dead · "
         f"{done} finished"
     )
-    return said + (f" · stopped: {stopped_by}" if stopped_by else " · live")
+    return said + (f" · stopped: {_STOPS.get(stopped_by, stopped_by)}" if stopped_by else " · live")
 
 
 def _draw_now(ax: Axes, snapshots: Sequence[Snapshot], queues: list[str]) -> None:
     last = snapshots[-1].queues if snapshots else {}
+    ax.set_title("Now, by queue", fontsize=10)
+    ax.set_xlabel("jobs (count)")
+    if not queues:
+        ax.text(0.5, 0.5, "no jobs yet", ha="center", va="center", transform=ax.transAxes)
+        ax.set_yticks([])
+        return
     height = 0.26
+    most = 0
     for i, status in enumerate(("ready", "running", "dead")):
         values = [getattr(last.get(q, Counts()), status) for q in queues]
         ys = [row + (i - 1) * height for row in range(len(queues))]
         bars = ax.barh(ys, values, height=height, color=_COLORS[status], label=status)
         ax.bar_label(bars, padding=2, fontsize=7)
+        most = max(most, *values)
     ax.set_yticks(range(len(queues)), queues)
     ax.set_ylim(len(queues) - 0.5, -0.5)
-    ax.set_xlabel("jobs (count)")
-    ax.set_title("Now, by queue", fontsize=10)
-    ax.margins(x=0.25)
+    ax.set_xlim(0, max(most, 1) * 1.25)
     ax.legend(fontsize=7, loc="lower right")
     ax.grid(axis="x", alpha=0.3)
 
@@ -599,8 +635,14 @@ def _draw_over_time(ax: Axes, snapshots: Sequence[Snapshot], queues: list[str]) 
         for status, style in (("ready", "-"), ("running", "--")):
             values = [getattr(s.queues.get(queue, Counts()), status) for s in snapshots]
             label = f"{queue} {status}" if len(queues) > 1 else status
-            ax.plot(
-                times, values, style, color=color or _COLORS[status], label=label, linewidth=1.5
+            ax.plot(  # a count holds until the next look: steps, not slopes
+                times,
+                values,
+                style,
+                color=color or _COLORS[status],
+                label=label,
+                linewidth=1.5,
+                drawstyle="steps-post",
             )
     ax.set_xlabel("time since the first look (s)")
     ax.set_ylabel("jobs (count)")
@@ -613,10 +655,11 @@ def _draw_over_time(ax: Axes, snapshots: Sequence[Snapshot], queues: list[str]) 
 
 def _draw_rate(ax: Axes, snapshots: Sequence[Snapshot], queues: list[str]) -> None:
     later = [s for s in snapshots if s.seconds > 0]
-    for n, queue in enumerate(queues):
+    edges = [s.t - s.seconds for s in later[:1]] + [s.t for s in later]  # each look's interval
+    for n, queue in enumerate(queues if later else []):
         rates = [s.queues.get(queue, Counts()).finished / s.seconds for s in later]
         color = _QUEUE_COLORS[n] if len(queues) > 1 else _COLORS["done"]
-        ax.step([s.t for s in later], rates, where="pre", color=color, label=queue)
+        ax.stairs(rates, edges, color=color, label=queue, linewidth=1.5)
     done = sum(s.total.finished for s in snapshots)
     ax.set_xlabel("time since the first look (s)")
     ax.set_ylabel("jobs/s")
@@ -630,9 +673,13 @@ def _draw_rate(ax: Axes, snapshots: Sequence[Snapshot], queues: list[str]) -> No
 def _draw_leases(ax: Axes, snapshots: Sequence[Snapshot], *, many: bool) -> None:
     """One bar per running job: grey since its attempt began, then the lease left (red
     where it ran out), labelled with the job and its fence; the jobs whose leases end first
-    on top. From the last look, or the last that saw a job running (it says which)."""
-    seen = next((s for s in reversed(snapshots) if s.leases), None)
+    on top. From the last look, or if it saw none running the look that saw the most (the
+    latest of those; the title says which)."""
     last = snapshots[-1] if snapshots else None
+    seen = last
+    if last is not None and not last.leases:
+        busiest = max(snapshots, key=lambda s: (len(s.leases), s.t))
+        seen = busiest if busiest.leases else None
     ax.set_xlabel("seconds from the look (0): since the attempt began ← | → lease left")
     ax.grid(axis="x", alpha=0.3)
     if seen is None or last is None:
@@ -640,7 +687,7 @@ def _draw_leases(ax: Axes, snapshots: Sequence[Snapshot], *, many: bool) -> None
         ax.text(0.5, 0.5, "no job running", ha="center", va="center", transform=ax.transAxes)
         ax.set_yticks([])
         return
-    when = "now" if seen is last else f"at {seen.t:.1f} s, the last look that saw one running"
+    when = "now" if seen is last else f"at {seen.t:.1f} s (none now; the most seen at once)"
     running = seen.total.running
     more = (
         f" (the {len(seen.leases)} of {running} whose leases end first)"
