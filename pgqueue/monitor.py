@@ -566,6 +566,7 @@ def draw(
     left, fence), from the last look that saw a job running. ``fig``: a figure to redraw."""
     from matplotlib.figure import Figure
 
+    snapshots = list(snapshots)  # one list throughout, while a watch may be adding to it
     if fig is None:
         fig = Figure(figsize=(11, 6.6), dpi=100)
     fig.clear()
