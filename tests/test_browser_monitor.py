@@ -1,16 +1,18 @@
 """``pgqueue.monitor`` live in JupyterLab, in Debian's Chromium driven by Playwright.
 
 A notebook written for the test starts two workers on a queue of jobs and runs the monitor
-in a cell. While that cell runs, the figure in its output must change (the monitor redraws it
-in place: the image's source differs between two looks at the page), and when the watch ends
-its last figure stays. The screenshots go to the test's temporary directory, outside the
-repository. JupyterLab, its fixture and the page helpers are those of ``test_browser.py``.
+in a cell, then a ``Monitor`` on its thread beside a later cell. While each watches, the
+figure in its cell's output must change (it is redrawn in place: the image's source differs
+between two looks at the page), and when the watch ends its last figure stays. The
+screenshots go to the test's temporary directory, outside the repository. JupyterLab, its
+fixture and the page helpers are those of ``test_browser.py``.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
@@ -41,12 +43,16 @@ workers = [
     pgqueue.Worker(lambda job: time.sleep(0.05), queue="live", dsn=dsn, name=f"w{i}").start()
     for i in range(2)
 ]""",
-    'watch = pgqueue.monitor(q, "live", every=0.2, seconds=25, until="drained")',
-    """for worker in workers:
+    'watch = pgqueue.monitor(q, "live", every=0.2, seconds=60, until="drained")',
+    """q.enqueue_many([{"n": n} for n in range(300)], queue="live")
+beside = pgqueue.Monitor(q, "live", every=0.2).start()  # watches on its thread""",
+    "time.sleep(8)  # the workers run, the monitor beside them updates the cell above",
+    """beside.stop()
+for worker in workers:
     worker.stop()
 q.close()
 lab.drop_database("browser_monitor")
-print("stopped by", watch.stopped_by, "after", len(watch.snapshots), "looks")""",
+print("stopped by", watch.stopped_by, "then", beside.stopped_by)""",
 ]
 # Start Run All without waiting for it: the test looks at the page while the cells run.
 RUN_ALL_LATER = """async () => {
@@ -62,7 +68,7 @@ IMAGES_OF = """index => {
     const imgs = cells[index]?.querySelectorAll('.jp-OutputArea-output img') ?? [];
     return [...imgs].filter(img => img.complete && img.naturalWidth > 0).map(img => img.src);
 }"""
-MONITOR_CELL = 1
+BLOCKING, BESIDE, LAST = 1, 2, 4  # code cells: pgqueue.monitor, Monitor.start, the last
 
 
 @pytest.mark.timeout(300)
@@ -87,30 +93,31 @@ def test_monitor_updates_live_in_jupyterlab(lab: Lab, tmp_path: Path) -> None:  
             page.goto(f"{lab.url}/lab/tree/{NOTEBOOK}?token={lab.token}")
             page.wait_for_function(NOTEBOOK_OPEN, arg=NOTEBOOK)
             page.evaluate(RUN_ALL_LATER)
-            first = page.wait_for_function(
-                f"() => ({IMAGES_OF})({MONITOR_CELL}).length > 0", timeout=120_000
-            )
-            assert first
-            before = page.evaluate(IMAGES_OF, MONITOR_CELL)
-            page.locator(".jp-Notebook .jp-CodeCell").nth(MONITOR_CELL).scroll_into_view_if_needed()
-            page.screenshot(path=str(tmp_path / "monitor-live-1.png"))
-            deadline, after = time.monotonic() + 20, before
-            while after == before and time.monotonic() < deadline:
-                time.sleep(0.25)
-                after = page.evaluate(IMAGES_OF, MONITOR_CELL)
-            page.screenshot(path=str(tmp_path / "monitor-live-2.png"))
-            # One figure, redrawn in place while the cell ran: not a second image below.
-            assert len(before) == len(after) == 1, (before[:1], after[:1])
-            assert after != before, "the monitor's figure did not change while it watched"
-            assert not page.evaluate(KERNEL_IDLE), "the monitor stopped before it was seen live"
-
+            _redrawn_while_running(page, BLOCKING, tmp_path / "monitor-blocking.png")
+            _redrawn_while_running(page, BESIDE, tmp_path / "monitor-beside.png")
             page.wait_for_function(KERNEL_IDLE, timeout=120_000)
             assert page.evaluate(PROBLEMS) == []
-            final = page.evaluate(IMAGES_OF, MONITOR_CELL)
-            assert len(final) == 1, "the last figure did not stay in the output"
-            said = page.locator(".jp-Notebook .jp-CodeCell").nth(2).inner_text()
-            assert "stopped by until" in said, said
+            for cell in (BLOCKING, BESIDE):
+                assert len(page.evaluate(IMAGES_OF, cell)) == 1, "the last figure must stay"
+            said = page.locator(".jp-Notebook .jp-CodeCell").nth(LAST).inner_text()
+            assert "stopped by until then stop" in said, said
         finally:
-            page.screenshot(path=str(tmp_path / "monitor-live-end.png"))
+            page.screenshot(path=str(tmp_path / "monitor-end.png"))
             print(f"\nscreenshots of the live monitor in JupyterLab: {tmp_path}")
             browser.close()
+
+
+def _redrawn_while_running(page: Any, cell: int, screenshot: Path) -> None:
+    """The monitor's figure appears in code cell ``cell`` and changes in place while the
+    kernel is still busy (one image, a new source); a screenshot is taken meanwhile."""
+    page.wait_for_function(f"() => ({IMAGES_OF})({cell}).length > 0", timeout=120_000)
+    page.locator(".jp-Notebook .jp-CodeCell").nth(cell).scroll_into_view_if_needed()
+    before = after = page.evaluate(IMAGES_OF, cell)
+    deadline = time.monotonic() + 20
+    while after == before and time.monotonic() < deadline:
+        time.sleep(0.25)
+        after = page.evaluate(IMAGES_OF, cell)
+    page.screenshot(path=str(screenshot))
+    assert len(before) == len(after) == 1, "one figure, redrawn in place, not a second image"
+    assert after != before, f"the monitor's figure in cell {cell} did not change as it watched"
+    assert not page.evaluate(KERNEL_IDLE), "the watch ended before it was seen live"
