@@ -3,11 +3,11 @@ and each running job's lease (time left, fence), in a notebook figure updated in
 
 ``pgqueue.monitor(q, ...)`` watches in the calling thread until its time is up, a condition
 is met (``until``) or the cell is interrupted, and leaves the last figure in the output;
-``with pgqueue.Monitor(q, ...):`` watches on a thread of its own beside your code (the
-figure itself is drawn in ``monitor_figure.py``). The
+``with pgqueue.Monitor(q, ...):`` watches on a thread of its own beside your code. The
 monitor reads the table on a connection of its own, a few cheap statements a look
 (``sql/monitor.sql``: partial indexes and a primary-key range, never the done jobs), and
-takes its time from the database. matplotlib and IPython are imported only to draw.
+takes its time from the database. The figure is drawn by ``monitor_figure.py``; matplotlib
+and IPython are imported only to draw.
 """
 
 from __future__ import annotations
@@ -187,8 +187,8 @@ class Monitor:
 
     ``run()`` watches in this thread (an interrupt, Ctrl-C, ends it like ``seconds``);
     ``start()``/``stop()`` or ``with`` watch on a thread of its own (``wait()`` for it to
-    end by itself). ``snapshots`` holds
-    every look, ``figure()`` draws the last, ``frame()`` gives them as a DataFrame.
+    end by itself). ``snapshots`` holds every look, ``fences`` every running job seen with
+    its fences, ``figure()`` draws the last look, ``frame()`` gives them as a DataFrame.
     """
 
     def __init__(
@@ -208,9 +208,6 @@ class Monitor:
         self.every = _seconds("every", every, 0.01)
         self.bars = whole("bars", bars, 0, 50)
         self._until = _conditions(until)
-        self._drained = until == "drained" or (
-            isinstance(until, list | tuple) and "drained" in until
-        )
         self.show = bool(show)
         self.snapshots: list[Snapshot] = []
         self.stopped_by: str | None = None  # seconds, until, interrupted, stop or error
@@ -414,11 +411,12 @@ def _dsn_of(source: object) -> tuple[str, bool]:
 
 
 def _seconds(what: str, value: object, lower: float) -> float:
+    """A number of seconds above 0 and at least ``lower``, else a one-line error."""
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
         or not math.isfinite(value)
-        or not value > lower
+        or not (value > 0 and value >= lower)
     ):
         least = f"at least {lower:g}" if lower else "more than 0"
         raise BadInput(f"{what} must be a number of seconds ({least}), got {value!r}")
@@ -438,7 +436,7 @@ def _conditions(until: object) -> Callable[[Monitor], bool] | None:
 
 
 def _condition(until: object) -> Callable[[Monitor], bool]:
-    if until == "drained":
+    if isinstance(until, str) and until == "drained":
         return lambda m: (
             m._busy and not (m.snapshots[-1].total.ready + m.snapshots[-1].total.running)
         )
