@@ -5,6 +5,7 @@ leaves, the cheap statements it reads with, and one-line errors for bad argument
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import signal
 import threading
@@ -102,7 +103,9 @@ def test_a_lease_that_ran_out_then_the_next_claim_shows_a_new_fence(dsn: str) ->
     assert watch.done == 1
 
 
-def test_it_stops_when_a_burst_worker_is_done_or_time_is_up(dsn: str) -> None:
+def test_it_stops_when_a_burst_worker_is_done_or_time_is_up(
+    dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with Queue(dsn) as q:
         q.enqueue_many([{"n": n} for n in range(10)], queue="b")
         worker = Worker(lambda job: time.sleep(0.02), queue="b", dsn=dsn, burst=True).start()
@@ -113,9 +116,12 @@ def test_it_stops_when_a_burst_worker_is_done_or_time_is_up(dsn: str) -> None:
         assert rows(dsn, "SELECT count(*) FROM jobs WHERE status = 'done'")[0][0] == 10
         worker.stop()
 
-        timed = pgqueue.monitor(q, seconds=0.3, every=0.05, show=False)
+        capsys.readouterr()
+        timed = pgqueue.monitor(q, seconds=0.3, every=0.05)  # not in a notebook: text lines
         assert timed.stopped_by == "seconds" and len(timed.snapshots) >= 2
         assert timed.snapshots[-1].t >= 0.3 - 0.05  # its last look was at the end
+        printed = capsys.readouterr().out.splitlines()
+        assert printed[0].endswith("no jobs") and "stopped by seconds" in printed[-1]
 
         done = threading.Event()
         threading.Timer(0.2, done.set).start()
@@ -184,6 +190,17 @@ def test_it_reads_through_the_partial_indexes_not_the_done_jobs(dsn: str) -> Non
     watch = pgqueue.monitor(dsn, seconds=0.1, every=0.05, show=False)  # a DSN does too
     assert watch.snapshots[-1].queues == {"new": watch.snapshots[-1].queues["new"]}
     assert watch.snapshots[-1].queues["new"].ready == 1
+
+
+def test_an_async_queue_is_watched_on_a_connection_of_its_own(dsn: str) -> None:
+    async def watch() -> Monitor:
+        async with pgqueue.AsyncQueue(dsn) as aq:
+            await aq.enqueue({"n": 1}, queue="a")
+            return pgqueue.monitor(aq, seconds=0.1, every=0.05, show=False)
+
+    seen = asyncio.run(watch())
+    assert seen.snapshots[-1].queues == {"a": Counts(ready=1)}
+    assert monitor_sessions(dsn) == 0
 
 
 def test_bad_arguments_are_one_line_errors(dsn: str, empty_dsn: str) -> None:
