@@ -272,8 +272,13 @@ class Monitor:
             raise BadInput("this monitor has already watched: make a new one")
         self._eye = _Eye(self._dsn, self._pgbouncer, self.queues, self.bars)
         self._screen = _Screen(self.show)
-        self._screen.reserve()  # its place in the caller's cell
-        self._look()
+        try:
+            self._look()
+        except BaseException:  # a missing table, a lost server: nothing left open
+            self._eye.close()
+            raise
+        self._screen.reserve()  # its place in the caller's cell, then the first figure
+        self._screen.update(self)
 
     def _serve(self) -> None:
         try:
@@ -304,7 +309,8 @@ class Monitor:
         snapshot = self._eye.look()
         self.snapshots.append(snapshot)
         self._busy = self._busy or snapshot.total.ready + snapshot.total.running > 0
-        self._screen.update(self)
+        if len(self.snapshots) > 1:  # the first is shown once its place is taken (_begin)
+            self._screen.update(self)
 
     def _reason(self, deadline: float | None) -> str | None:
         if deadline is not None and time.monotonic() >= deadline:

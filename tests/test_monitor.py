@@ -223,4 +223,6 @@ def test_bad_arguments_are_one_line_errors(dsn: str, empty_dsn: str) -> None:
         one_line(BadInput, lambda: pgqueue.monitor(q, bars=-1), "bars")
         one_line(BadInput, lambda: pgqueue.monitor(q, queue=""), "queue")
     one_line(NotInstalled, lambda: pgqueue.monitor(empty_dsn, seconds=1), "pgqueue init")
+    one_line(NotInstalled, lambda: Monitor(empty_dsn).start(), "pgqueue init")
+    assert monitor_sessions(empty_dsn) == 0  # the connection it opened was closed
     assert monitor_sessions(dsn) == 0
