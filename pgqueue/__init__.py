@@ -31,6 +31,7 @@ from .errors import (
 from .events import Event, EventLog
 from .fencing import async_fenced_write, fenced_write
 from .job import Job
+from .monitor import Monitor, monitor
 from .params import MAX_RESULT_BYTES, LeftDead, Retried
 from .queue import JobState, Limit, Queue, Reaped
 from .server import EmbeddedServer, default_server
@@ -65,6 +66,7 @@ __all__ = [
     "LeaseLost",
     "LeftDead",
     "Limit",
+    "Monitor",
     "NotInstalled",
     "PgQueueError",
     "Queue",
@@ -83,5 +85,6 @@ __all__ = [
     "default_server",
     "fenced_write",
     "mask_dsn",
+    "monitor",
     "resolve_dsn",
 ]

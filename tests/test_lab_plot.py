@@ -168,6 +168,17 @@ def test_timeline_marks_the_last_fail_of_a_dead_job_and_timeouts() -> None:
     assert "#7 dead" in _texts(fig) and "timed out" in _texts(fig)
 
 
+def test_timeline_legend_promises_claim_labels_only_when_it_draws_them() -> None:
+    rows = [(0.01 * i, "claim", "w", 100 + i, 1, "1") for i in range(40)]
+    labelled, plain = (plot.timeline(_frame(rows), annotate=a) for a in (True, False))
+    said, unsaid = (
+        [t.get_text() for t in f.axes[0].get_legend().get_texts()] for f in (labelled, plain)
+    )
+    assert "claim (#job f=fence)" in said and "#100 f=1" in _texts(labelled)
+    assert "claim" in unsaid and "claim (#job f=fence)" not in unsaid
+    assert not any(text.startswith("#") for text in _texts(plain))
+
+
 def test_timeline_labels_of_crowded_claims_do_not_overlap() -> None:
     rows = []
     for i in range(12):  # a claim and a complete every 20 ms, like a busy worker

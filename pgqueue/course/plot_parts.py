@@ -180,7 +180,7 @@ def _legend_handles(holds: Mapping[str, tuple[str, float, str]], used: set[str])
                     color=color,
                     markerfacecolor="none" if hollow else color,
                     markersize=8 if kind != "dead" else 11,
-                    label=label,
+                    label=label if kind != "claim" or "claim-labels" in used else "claim",
                 )
             )
     if "storage" in used:

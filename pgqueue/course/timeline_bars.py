@@ -102,6 +102,7 @@ def _draw_holds(sheet: _Sheet, db: pd.DataFrame | None, lease: float | None) -> 
         if sheet.annotate:
             text, short = f"#{key[0]} f={key[1]}", f"#{key[0]}"
             sheet.labels.add(row.s, lane_y, text, short=short, color="tab:blue")
+            sheet.used.add("claim-labels")
 
 
 def _hold_end(

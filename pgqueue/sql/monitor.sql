@@ -1,0 +1,42 @@
+-- The statements of pgqueue.monitor. Each look runs them in one REPEATABLE READ READ ONLY
+-- transaction, so they see the table at one moment, on the monitor's own connection.
+-- Nothing here reads the done jobs: the counts go through the partial indexes, the new
+-- jobs through a range of the primary key, the leases through jobs_lease_idx.
+-- %(queues)s: only these queues (NULL: every queue).
+
+-- name: monitor_clock
+-- The database's clock (time comes from the database) and the newest job id.
+SELECT now(), coalesce((SELECT max(id) FROM jobs), 0);
+
+-- name: monitor_counts
+-- Ready, running and dead jobs by queue (jobs_ready_idx, jobs_lease_idx, jobs_dead_idx),
+-- and the jobs added since the last look: ids after %(after)s (NULL on the first look),
+-- as many rows as were enqueued meanwhile. The monitor derives the jobs finished between
+-- two looks from these: live and dead before, minus live and dead now, plus the added.
+SELECT queue, 'ready' AS status, count(*) AS jobs FROM jobs
+WHERE status = 'ready' AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+GROUP BY queue
+UNION ALL
+SELECT queue, 'running', count(*) FROM jobs
+WHERE status = 'running' AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+GROUP BY queue
+UNION ALL
+SELECT queue, 'dead', count(*) FROM jobs
+WHERE status = 'dead' AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+GROUP BY queue
+UNION ALL
+SELECT queue, 'added', count(*) FROM jobs
+WHERE id > %(after)s AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+GROUP BY queue;
+
+-- name: monitor_leases
+-- The running jobs whose leases end first (at most %(limit)s): id, queue, fence, attempt,
+-- seconds of lease left (negative: it ran out, the reaper may take the job back) and
+-- seconds since the attempt began.
+SELECT id, queue, fence, attempts,
+       extract(epoch FROM lease_until - now())::float8,
+       extract(epoch FROM now() - started_at)::float8
+FROM jobs
+WHERE status = 'running' AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+ORDER BY lease_until, id
+LIMIT %(limit)s;
