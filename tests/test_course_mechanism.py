@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 import pytest
 
-from pgqueue.course.checks import ExerciseFailed, nb01, nb03
+from pgqueue import Job
+from pgqueue.course.checks import ExerciseFailed, nb01, nb03, nb04
 from pgqueue.course.checks.tiers import Hints
 
 
@@ -140,3 +142,128 @@ def test_the_reaper_check_passes_the_solution_and_checks_finished_at(
         assert kinds(nb03.REAPER_HINTS) == {kind}, (wrong, first)
         seen[kind] = first
     assert len(set(seen.values())) == len(seen), "each slip has its own hint"
+
+
+# Notebook 04: the fenced complete.
+COMPLETE = """
+UPDATE jobs SET status = 'done', lease_until = NULL, finished_at = now()
+WHERE id = %(id)s AND fence = %(fence)s AND status = 'running'
+"""
+DONE = "UPDATE jobs SET status = 'done', lease_until = NULL, finished_at = now() "
+WRONG_COMPLETES = {
+    "holder": "UPDATE jobs SET lease_until = NULL, finished_at = now()"
+    " WHERE id = %(id)s AND fence = %(fence)s AND status = 'running'",
+    "id": DONE + "WHERE fence = %(fence)s AND status = 'running' AND %(id)s > 0",
+    "lease": "UPDATE jobs SET status = 'done', finished_at = now()"
+    " WHERE id = %(id)s AND fence = %(fence)s AND status = 'running'",
+    "finished-at": "UPDATE jobs SET status = 'done', lease_until = NULL"
+    " WHERE id = %(id)s AND fence = %(fence)s AND status = 'running'",
+    "status": DONE + "WHERE id = %(id)s AND fence = %(fence)s",
+    "fence": DONE + "WHERE id = %(id)s AND status = 'running' AND %(fence)s > 0",
+}
+
+
+def test_the_complete_check_passes_the_solution_and_tells_each_slip_apart(
+    dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nb04.check_fenced_complete(dsn, COMPLETE)
+    assert "your complete made the holder's job done" in capsys.readouterr().out
+    seen = {}
+    for kind, wrong in WRONG_COMPLETES.items():
+        first, _ = slips(nb04.check_fenced_complete, nb04.COMPLETE_HINTS, dsn, wrong)
+        assert kinds(nb04.COMPLETE_HINTS) == {kind}, (wrong, first)
+        seen[kind] = first
+    assert len(set(seen.values())) == len(seen), "each slip has its own hint"
+
+
+# Notebook 04: the side-table write.
+WRITE = """
+INSERT INTO reports (id, body, job_id, fence)
+VALUES (%(id)s, %(body)s, %(job_id)s, %(fence)s)
+ON CONFLICT (id) DO UPDATE SET body = EXCLUDED.body, fence = EXCLUDED.fence
+WHERE reports.job_id = EXCLUDED.job_id AND reports.fence <= EXCLUDED.fence
+"""
+UPSERT = (
+    "INSERT INTO reports (id, body, job_id, fence) VALUES (%(id)s, %(body)s, %(job_id)s,"
+    " %(fence)s) ON CONFLICT (id) DO UPDATE SET body = EXCLUDED.body"
+)
+WRONG_WRITES = {
+    "insert": "UPDATE reports SET body = %(body)s, fence = %(fence)s"
+    " WHERE id = %(id)s AND job_id = %(job_id)s AND fence <= %(fence)s",
+    "store": "INSERT INTO reports (id, body, fence) VALUES (%(id)s, %(body)s, %(fence)s)"
+    " ON CONFLICT (id) DO UPDATE SET body = EXCLUDED.body, fence = EXCLUDED.fence"
+    " WHERE reports.fence <= EXCLUDED.fence AND %(job_id)s > 0",
+    # The reference text's rule: a strictly newer fence, no job id.
+    "equal": UPSERT + ", fence = EXCLUDED.fence WHERE reports.fence < EXCLUDED.fence",
+    "fence-stored": UPSERT + " WHERE reports.job_id = EXCLUDED.job_id"
+    " AND reports.fence <= EXCLUDED.fence",
+    "stale": UPSERT + ", fence = EXCLUDED.fence WHERE reports.job_id = EXCLUDED.job_id",
+    "other-job": UPSERT + ", fence = EXCLUDED.fence WHERE reports.fence <= EXCLUDED.fence",
+}
+
+
+def test_the_side_write_check_passes_the_solution_and_tells_each_slip_apart(
+    dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nb04.check_side_write(dsn, WRITE)
+    assert "refused the stale fence 1 and job 8's write" in capsys.readouterr().out
+    seen = {}
+    for kind, wrong in WRONG_WRITES.items():
+        first, _ = slips(nb04.check_side_write, nb04.WRITE_HINTS, dsn, wrong)
+        assert kinds(nb04.WRITE_HINTS) == {kind}, (wrong, first)
+        seen[kind] = first
+    assert len(set(seen.values())) == len(seen), "each slip has its own hint"
+
+
+# Notebook 04: the learner's statements in a worker's loop, through the paused-worker story.
+def work(conn: psycopg.Connection, job: Job, body: str) -> tuple[bool, bool]:
+    params = {"id": 1, "body": body, "job_id": job.id, "fence": job.fence}
+    wrote = conn.execute(WRITE, params).rowcount == 1
+    done = conn.execute(COMPLETE, {"id": job.id, "fence": job.fence}).rowcount == 1
+    return wrote, done
+
+
+def work_with(write: str, complete: str) -> Any:
+    def run(conn: psycopg.Connection, job: Job, body: str) -> tuple[bool, bool]:
+        params = {"id": 1, "body": body, "job_id": job.id, "fence": job.fence}
+        wrote = conn.execute(write, params).rowcount == 1
+        return wrote, conn.execute(complete, {"id": job.id, "fence": job.fence}).rowcount == 1
+
+    return run
+
+
+def test_the_learners_statements_survive_the_paused_worker_and_broken_ones_do_not(
+    dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nb04.check_paused_worker(dsn, work)
+    out = capsys.readouterr().out
+    assert "the report is B's" in out and "A's write into the still missing row went in" in out
+    unfenced = work_with(WRONG_WRITES["stale"], WRONG_COMPLETES["fence"])
+    first, _ = slips(nb04.check_paused_worker, nb04.STORY_HINTS, dsn, unfenced)
+    assert kinds(nb04.STORY_HINTS) == {"story-A wakes after B"}
+    assert "report ('report by A', 1)" in first
+
+    def always_fine(conn: psycopg.Connection, job: Job, body: str) -> tuple[bool, bool]:
+        work(conn, job, body)
+        return True, True  # ignores the row counts
+
+    first, _ = slips(nb04.check_paused_worker, nb04.STORY_HINTS, dsn, always_fine)
+    assert kinds(nb04.STORY_HINTS) == {"a-told"}
+
+
+def test_the_fail_check_wants_finished_at_on_a_dead_job_only(dsn: str) -> None:
+    base = """
+    UPDATE jobs
+    SET status      = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'ready' END,
+        run_at      = now() + make_interval(secs => %(backoff)s * power(2, attempts)),
+        lease_until = NULL, fence = fence + 1, last_error = %(error)s {finished}
+    WHERE id = %(id)s AND fence = %(fence)s AND status = 'running'
+    """
+    nb04.check_fenced_fail(
+        dsn,
+        base.format(finished=", finished_at = CASE WHEN attempts >= max_attempts THEN now() END"),
+    )
+    with pytest.raises(ExerciseFailed, match="went dead, but its finished_at says nothing"):
+        nb04.check_fenced_fail(dsn, base.format(finished=""))
+    with pytest.raises(ExerciseFailed, match="only a job that goes dead is finished"):
+        nb04.check_fenced_fail(dsn, base.format(finished=", finished_at = now()"))
