@@ -251,19 +251,41 @@ def test_the_learners_statements_survive_the_paused_worker_and_broken_ones_do_no
     assert kinds(nb04.STORY_HINTS) == {"a-told"}
 
 
-def test_the_fail_check_wants_finished_at_on_a_dead_job_only(dsn: str) -> None:
-    base = """
-    UPDATE jobs
-    SET status      = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'ready' END,
-        run_at      = now() + make_interval(secs => %(backoff)s * power(2, attempts)),
-        lease_until = NULL, fence = fence + 1, last_error = %(error)s {finished}
-    WHERE id = %(id)s AND fence = %(fence)s AND status = 'running'
-    """
-    nb04.check_fenced_fail(
-        dsn,
-        base.format(finished=", finished_at = CASE WHEN attempts >= max_attempts THEN now() END"),
-    )
-    with pytest.raises(ExerciseFailed, match="went dead, but its finished_at says nothing"):
-        nb04.check_fenced_fail(dsn, base.format(finished=""))
-    with pytest.raises(ExerciseFailed, match="only a job that goes dead is finished"):
-        nb04.check_fenced_fail(dsn, base.format(finished=", finished_at = now()"))
+FAIL = """
+UPDATE jobs
+SET status      = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'ready' END,
+    run_at      = now() + make_interval(secs => %(backoff)s * power(2, attempts)),
+    lease_until = NULL,
+    fence       = fence + 1,
+    last_error  = %(error)s,
+    finished_at = CASE WHEN attempts >= max_attempts THEN now() END
+WHERE id = %(id)s AND fence = %(fence)s AND status = 'running'
+"""
+FINISHED = "finished_at = CASE WHEN attempts >= max_attempts THEN now() END"
+WRONG_FAILS = {
+    # The reference text's fail: the fence stays where it is.
+    "raise": FAIL.replace("fence       = fence + 1,", ""),
+    "by-one": FAIL.replace("fence + 1", "fence + 2"),
+    "attempts": FAIL.replace("fence + 1,", "fence + 1, attempts = attempts + 1,"),
+    "lease": FAIL.replace("lease_until = NULL,", ""),
+    "error": FAIL.replace("last_error  = %(error)s", "last_error = 'failed' || %(error)s"),
+    "finished-early": FAIL.replace(FINISHED, "finished_at = now()"),
+    "backoff": FAIL.replace("power(2, attempts)", "attempts"),
+    "stale": FAIL.replace("fence = %(fence)s AND", "%(fence)s > 0 AND"),
+    "status": FAIL.replace("AND status = 'running'", ""),
+    "finished-at": FAIL.replace(",\n    " + FINISHED, ""),
+}
+
+
+def test_the_fail_check_passes_the_solution_and_tells_each_slip_apart(
+    dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nb04.check_fenced_fail(dsn, FAIL)
+    assert "sent a job on its last attempt dead, finished now" in capsys.readouterr().out
+    seen = {}
+    for kind, wrong in WRONG_FAILS.items():
+        assert wrong != FAIL, kind
+        first, _ = slips(nb04.check_fenced_fail, nb04.FAIL_HINTS, dsn, wrong)
+        assert kinds(nb04.FAIL_HINTS) == {kind}, (wrong, first)
+        seen[kind] = first
+    assert len(set(seen.values())) == len(seen), "each slip has its own hint"

@@ -18,6 +18,7 @@ from . import expect, passed
 from .tiers import Hints
 
 BACKOFF = 2.0  # seconds; the check's backoff, so the first retry waits 2 * 2**1 = 4 s
+FAIL_HINTS = Hints()
 
 
 def _claim(q: Queue, payload: dict[str, Any], max_attempts: int = 3) -> Job:
@@ -67,108 +68,126 @@ def check_fenced_fail(dsn: str, statement: object) -> None:
                 )
             raise AssertionError("unreachable")
 
+        hints = FAIL_HINTS
         # 1. The holder fails: retry with backoff, the fence rises, the lease is cleared.
         holder = _claim(q, {"n": 1})
         changed = fail(holder)
-        expect(
+        hints.expect(
             changed == 1,
+            "holder",
             f"your fail changed {changed} rows for the job's current holder (fence "
-            f"{holder.fence}, status running): it should change exactly that job's row",
+            f"{holder.fence}, status running)",
+            "it should change exactly that job's row: WHERE id = %(id)s AND fence = %(fence)s",
         )
         row = _row(conn, holder.id)
-        expect(
+        hints.expect(
             row["fence"] != holder.fence,
-            f"after your fail the job's fence is still {holder.fence}: raise it "
-            "(fence = fence + 1), so nothing more from this attempt is accepted",
+            "raise",
+            f"after your fail the job's fence is still {holder.fence}: the failed attempt's "
+            "late writes would still be accepted",
+            "raise it: fence = fence + 1",
         )
-        expect(
+        hints.expect(
             row["fence"] == holder.fence + 1,
-            f"your fail moved the fence from {holder.fence} to {row['fence']}: raise it by "
-            "exactly one (fence = fence + 1); it must never go down",
+            "by-one",
+            f"your fail moved the fence from {holder.fence} to {row['fence']}",
+            "raise it by exactly one (fence = fence + 1); it must never go down",
         )
-        expect(
+        hints.expect(
             row["status"] == "ready",
-            f"job {holder.id} has used 1 of its 3 attempts, but your fail made it "
-            f"{row['status']!r}: it should be 'ready' to be tried again",
+            "ready",
+            f"the job has used 1 of its 3 attempts, but your fail made it {row['status']!r}",
+            "it should be 'ready' to be tried again",
         )
-        expect(
+        hints.expect(
             row["attempts"] == holder.attempts,
-            f"your fail changed attempts to {row['attempts']}: only the claim counts an "
-            "attempt, so leave attempts alone",
+            "attempts",
+            f"your fail changed attempts to {row['attempts']}",
+            "only the claim counts an attempt, so leave attempts alone",
         )
-        expect(
+        hints.expect(
             row["lease_until"] is None,
-            "after your fail the job still holds a lease_until: set lease_until = NULL, "
-            "nobody holds the job now",
+            "lease",
+            "after your fail the job still holds a lease_until",
+            "set lease_until = NULL: nobody holds the job now",
         )
-        expect(
+        hints.expect(
             row["last_error"] == "ConnectionError: service unavailable",
-            f"last_error is {row['last_error']!r}: store the error text, last_error = %(error)s",
+            "error",
+            f"last_error is {row['last_error']!r}, not the error the worker passed",
+            "store the error text: last_error = %(error)s",
         )
-        expect(
+        hints.expect(
             row["finished_now"] is None,
-            f"job {holder.id} goes back to ready for another attempt, but your fail gave it a "
-            "finished_at: only a job that goes dead is finished",
+            "finished-early",
+            "the job goes back to ready for another attempt, but your fail gave it a finished_at",
+            "only a job that goes dead is finished: CASE WHEN attempts >= max_attempts "
+            "THEN now() END",
         )
         wanted = BACKOFF * 2**holder.attempts
-        expect(
+        hints.expect(
             abs(row["retry_in"] - wanted) < 1e-3,
+            "backoff",
             f"the retry should wait backoff * 2^attempts = {BACKOFF:g} * 2^{holder.attempts} = "
-            f"{wanted:g} s from now(), yours waits {row['retry_in']:g} s: run_at = now() + "
-            "make_interval(secs => %(backoff)s * power(2, attempts))",
+            f"{wanted:g} s from now(), yours waits {row['retry_in']:g} s",
+            "run_at = now() + make_interval(secs => %(backoff)s * power(2, attempts))",
         )
         # 2. The same holder fails again: the first fail ended its attempt.
         again = fail(holder, "second fail")
-        expect(
+        hints.expect(
             again == 0 and _row(conn, holder.id)["last_error"] != "second fail",
-            f"a second fail with the same fence {holder.fence} changed job {holder.id} again: "
-            "the first fail ended that attempt, so check AND fence = %(fence)s AND "
-            "status = 'running'",
+            "twice",
+            f"a second fail with the same fence {holder.fence} changed the job again, though "
+            "the first fail ended that attempt",
+            "check AND fence = %(fence)s AND status = 'running'",
         )
         # 3. A stale holder: the lease ran out, the reaper returned the job, B claimed it.
         stale = _claim(q, {"n": 2})
-        conn.execute(
-            "UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id = %s", [stale.id]
-        )
-        q.reap()
+        _expire_and_reap(conn, q, stale)
         [current] = q.claim("check", lease=30)
         changed = fail(stale)
         row = _row(conn, stale.id)
-        expect(
+        hints.expect(
             changed == 0 and row["status"] == "running" and row["fence"] == current.fence,
-            f"your fail changed job {stale.id} although the caller's fence {stale.fence} is "
-            f"stale (another worker holds the job with fence {current.fence}): add "
-            "AND fence = %(fence)s",
+            "stale",
+            f"your fail changed the job although the caller's fence {stale.fence} is stale "
+            f"(another worker holds the job with fence {current.fence})",
+            "add AND fence = %(fence)s",
         )
         # 4. A job already done: its fence did not change, its status did.
         done = _claim(q, {"n": 3})
         q.complete(done)
         changed = fail(done)
-        expect(
+        hints.expect(
             changed == 0 and _row(conn, done.id)["status"] == "done",
-            f"your fail changed job {done.id}, which is already done (its fence is still "
-            f"{done.fence}): add AND status = 'running'",
+            "status",
+            f"your fail changed a job that is already done (its fence is still {done.fence})",
+            "add AND status = 'running'",
         )
         # 5. The last attempt: dead, not ready.
         last = _claim(q, {"n": 4}, max_attempts=1)
         fail(last)
         row = _row(conn, last.id)
-        expect(
+        hints.expect(
             row["status"] == "dead",
-            f"job {last.id} used its last attempt (1 of 1), but your fail made it "
-            f"{row['status']!r}: CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'ready' END",
+            "dead",
+            f"the job used its last attempt (1 of 1), but your fail made it {row['status']!r}",
+            "CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'ready' END",
         )
-        expect(
+        hints.expect(
             row["fence"] == last.fence + 1,
-            "a fail that sends a job dead must raise the fence too: nothing more from that "
-            "attempt should be accepted",
+            "raise",
+            "your fail sent the job dead but left its fence: the attempt's late writes would "
+            "still be accepted",
+            "raise the fence in every fail: fence = fence + 1",
         )
-        expect(
+        hints.expect(
             row["finished_now"],
-            f"job {last.id} went dead, but its finished_at says "
-            + ("nothing" if row["finished_now"] is None else "another time than this fail")
-            + ": a dead job is finished (finished_at = CASE WHEN attempts >= max_attempts "
-            "THEN now() END)",
+            "finished-at",
+            "the job went dead, but its finished_at says "
+            + ("nothing" if row["finished_now"] is None else "another time than this fail"),
+            "a dead job is finished: finished_at = CASE WHEN attempts >= max_attempts "
+            "THEN now() END",
         )
     passed(
         f"your fail retried the job in {wanted:g} s with its fence raised by one, refused a "
