@@ -48,6 +48,7 @@ def course_server(admin_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PGQUEUE_DSN", admin_dsn)
 
 
+@pytest.mark.slow  # nine scratch databases of 20,000 rows each: 2 to 6 s
 @pytest.mark.usefixtures("course_server")
 def test_the_ready_index_check_passes_the_solution_and_tells_each_slip_apart(
     capsys: pytest.CaptureFixture[str],
