@@ -10,6 +10,7 @@ import psycopg
 from ...db import connect, first_line
 from .. import lab
 from . import expect, passed
+from .tiers import Hints
 
 # The claim's inner SELECT (sql/queries.sql, name "claim"): what the ready index must serve.
 CLAIM_SELECT = """
@@ -21,6 +22,7 @@ CLAIM_SELECT = """
 """
 DONE_ROWS = 20_000
 READY_ROWS = 40
+HINTS = Hints()  # the tiers of this exercise's hints, for as long as the kernel lives
 
 
 def _fill(conn: psycopg.Connection) -> None:
@@ -77,35 +79,42 @@ def check_ready_index(statement: object) -> None:
         name, definition, size = new[0]
         table = conn.execute("SELECT pg_relation_size('jobs')").fetchone()[0]
         where = definition.partition(" WHERE ")[2]
-        expect(
+        HINTS.expect(
             where,
-            f"your index has no WHERE clause, so it holds every row, the {DONE_ROWS:,} finished "
-            f"jobs too ({size // 1024} kB): make it partial, WHERE status = 'ready'",
+            "no-where",
+            f"your index holds every row, the {DONE_ROWS:,} finished jobs too ({size // 1024} kB "
+            f"beside a {table // 1024} kB table), though the claim only ever reads ready ones",
+            "make it partial: WHERE status = 'ready'",
         )
-        expect(
+        HINTS.expect(
             re.fullmatch(r"\(?status = 'ready'::text\)?", where.strip()),
-            f"your index keeps the rows WHERE {where}: the claim looks for status = 'ready', "
-            "so the index should hold exactly those rows",
+            "where",
+            f"your index keeps the rows WHERE {where}, not the rows the claim looks for",
+            "the claim looks for status = 'ready', so the index should hold exactly those rows",
         )
         columns = definition.partition(" USING btree ")[2].partition(" WHERE ")[0]
-        expect(
+        HINTS.expect(
             columns.startswith("(queue"),
-            f"your index is on {columns}: the claim picks one queue first "
-            "(WHERE queue = ...), so queue comes first",
+            "queue-first",
+            f"your index is on {columns}: the claim cannot go straight to one queue's jobs in it",
+            "the claim picks one queue first (WHERE queue = ...), so queue comes first",
         )
         (plan,) = conn.execute("EXPLAIN (FORMAT JSON) " + CLAIM_SELECT).fetchone()[0]
         nodes = _plan_nodes(plan["Plan"])
         used = {n.get("Index Name") for n in nodes}
         kinds = [n["Node Type"] for n in nodes]
-        expect(
+        HINTS.expect(
             name in used,
-            f"the claim does not use your index {columns} (the plan: {' > '.join(kinds)}): "
+            "unused",
+            f"the claim does not use your index {columns} (the plan: {' > '.join(kinds)})",
             "put queue first, then the claim's ORDER BY columns",
         )
-        expect(
+        HINTS.expect(
             not any("Sort" in kind for kind in kinds),
-            f"the claim reads your index {columns} but still sorts the ready jobs: list "
-            "priority DESC, run_at, id after queue, in the claim's ORDER BY order",
+            "sorts",
+            f"the claim reads your index {columns} but still sorts the ready jobs (the plan: "
+            f"{' > '.join(kinds)})",
+            "list priority DESC, run_at, id after queue, in the claim's ORDER BY order",
         )
     expect(size * 20 < table, f"your index takes {size // 1024} kB for {READY_ROWS} ready jobs")
     passed(
