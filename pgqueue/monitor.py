@@ -88,6 +88,31 @@ class Counts:
 
 
 @dataclass(frozen=True)
+class ScheduleLook:
+    """A periodic schedule as a look saw it: the last slot handled and the next one."""
+
+    name: str
+    queue: str
+    last_slot: datetime
+    next_slot: datetime | None
+
+
+@dataclass(frozen=True)
+class LimitLook:
+    """A limited queue as a look saw it: its limit per group and, busiest first, its groups'
+    running jobs that hold a slot (group, jobs)."""
+
+    queue: str
+    per_group: int
+    running: tuple[tuple[str, int], ...]
+
+    @property
+    def full(self) -> list[str]:
+        """The groups running their whole limit: their next jobs wait."""
+        return [group for group, jobs in self.running if jobs >= self.per_group]
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """One look at the table: ``t`` seconds after the first look (the database's clock),
     the counts by queue, and the running jobs whose leases end first (at most ``bars``)."""
@@ -97,6 +122,8 @@ class Snapshot:
     seconds: float  # since the previous look (0 on the first)
     queues: dict[str, Counts]
     leases: tuple[Lease, ...]
+    schedules: tuple[ScheduleLook, ...] = ()  # the periodic schedules of the queues watched
+    limits: tuple[LimitLook, ...] = ()  # the per-group limits of the queues watched
 
     @property
     def total(self) -> Counts:
@@ -122,6 +149,9 @@ class _Eye:
         self._before: dict[str, Counts] = {}
         self._first: datetime | None = None
         self._last: datetime | None = None
+        with self.conn.transaction():
+            row = self.conn.execute(_sql()["monitor_side_tables"]).fetchone()
+        self._periodic, self._limited = row if row else (False, False)
 
     def look(self) -> Snapshot:
         sql = _sql()
@@ -131,6 +161,11 @@ class _Eye:
                 at, newest = self.conn.execute(sql["monitor_clock"]).fetchone() or (None, 0)
                 rows = self.conn.execute(sql["monitor_counts"], params).fetchall()
                 leases = self.conn.execute(sql["monitor_leases"], params).fetchall()
+                ticks = limits = []
+                if self._periodic:
+                    ticks = self.conn.execute(sql["monitor_schedules"], params).fetchall()
+                if self._limited:
+                    limits = self.conn.execute(sql["monitor_limits"], params).fetchall()
         except psycopg.Error as exc:
             mapped = pgqueue_error(exc)
             if mapped is None:
@@ -146,11 +181,11 @@ class _Eye:
             if self._newest is not None:
                 # A job that left the live and dead ones, and was not added since, finished.
                 before = self._before.get(queue, Counts())
-                gone = _kept(before) - _kept(counts) + now.get("added", 0)
+                gone = kept_jobs(before) - kept_jobs(counts) + now.get("added", 0)
                 counts = Counts(counts.ready, counts.running, counts.dead, max(gone, 0))
-            if _kept(counts) or counts.finished:
+            if kept_jobs(counts) or counts.finished:
                 queues[queue] = counts
-        self._before = {queue: counts for queue, counts in queues.items() if _kept(counts)}
+        self._before = {queue: counts for queue, counts in queues.items() if kept_jobs(counts)}
         self._newest = int(newest)
         first = self._first = self._first or at
         last, self._last = self._last, at
@@ -160,13 +195,27 @@ class _Eye:
             seconds=0.0 if last is None else (at - last).total_seconds(),
             queues=queues,
             leases=tuple(Lease(*row) for row in leases[: self.bars]),
+            schedules=tuple(ScheduleLook(*row) for row in ticks),
+            limits=_limit_looks(limits),
         )
 
     def close(self) -> None:
         self.conn.close()
 
 
-def _kept(counts: Counts) -> int:
+def _limit_looks(rows: list[tuple[Any, ...]]) -> tuple[LimitLook, ...]:
+    """``monitor_limits``'s rows (queue, per_group, group, jobs; no group: none running) as
+    one LimitLook per queue."""
+    found: dict[str, LimitLook] = {}
+    for queue, per_group, group, jobs in rows:
+        look = found.get(queue) or LimitLook(queue, int(per_group), ())
+        if group is not None:
+            look = LimitLook(queue, look.per_group, (*look.running, (group, int(jobs))))
+        found[queue] = look
+    return tuple(found.values())
+
+
+def kept_jobs(counts: Counts) -> int:
     """The jobs of a queue still in the table's live or dead states."""
     return counts.ready + counts.running + counts.dead
 
@@ -551,4 +600,19 @@ def _line(monitor: Monitor, final: bool) -> str:
     ] or ["no jobs"]
     rate = "" if last.rate is None else f"; {last.rate:.0f} finished/s"
     end = f"; {monitor.done} finished, stopped by {monitor.stopped_by}" if final else ""
-    return f"{last.t:6.1f} s  " + "; ".join(parts) + rate + end
+    return f"{last.t:6.1f} s  " + "; ".join(parts + side_notes(last)) + rate + end
+
+
+def side_notes(look: Snapshot) -> list[str]:
+    """What a look says of schedules and limits, in a few words each."""
+    said = [
+        f"{s.name} next {s.next_slot:%H:%M:%S}" if s.next_slot else f"{s.name} ends"
+        for s in look.schedules
+    ]
+    for limit in look.limits:
+        full = limit.full
+        said.append(
+            f"{limit.queue} limit {limit.per_group}/group: "
+            + (f"{len(full)} group(s) full ({', '.join(full[:3])})" if full else "no group full")
+        )
+    return said

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .monitor import Counts, Snapshot, _kept
+from .monitor import Counts, Snapshot, kept_jobs, side_notes
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -60,7 +60,7 @@ def _queues_seen(snapshots: Sequence[Snapshot], most: int = 6) -> list[str]:
     size: dict[str, int] = {}
     for s in snapshots:
         for queue, c in s.queues.items():
-            size[queue] = max(size.get(queue, 0), _kept(c) + c.finished)
+            size[queue] = max(size.get(queue, 0), kept_jobs(c) + c.finished)
     return sorted(sorted(size, key=lambda q: -size[q])[:most])
 
 
@@ -74,7 +74,9 @@ def _title(snapshots: Sequence[Snapshot], stopped_by: str | None) -> str:
         f"watched · {total.ready} ready · {total.running} running · {total.dead} dead · "
         f"{done} finished"
     )
-    return said + (f" · stopped: {_STOPS.get(stopped_by, stopped_by)}" if stopped_by else " · live")
+    said += f" · stopped: {_STOPS.get(stopped_by, stopped_by)}" if stopped_by else " · live"
+    side = side_notes(last)  # schedules and limits, if the queues watched have any
+    return said + ("\n" + " · ".join(side) if side else "")
 
 
 def _draw_now(ax: Axes, snapshots: Sequence[Snapshot], queues: list[str]) -> None:

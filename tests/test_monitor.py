@@ -183,13 +183,42 @@ def test_it_reads_through_the_partial_indexes_not_the_done_jobs(dsn: str) -> Non
         conn.execute("ANALYZE jobs")
         newest = conn.execute("SELECT max(id) FROM jobs").fetchone()[0]  # type: ignore[index]
         cur = psycopg.ClientCursor(conn)
-        for name in ("monitor_counts", "monitor_leases"):
+        for name in ("monitor_counts", "monitor_leases", "monitor_limits"):
             params = {"queues": None, "after": newest - 5, "limit": 10}
             plan = "\n".join(r[0] for r in cur.execute("EXPLAIN " + _sql()[name], params))
-            assert "Seq Scan" not in plan, plan
+            assert "Seq Scan on jobs" not in plan, plan
     watch = pgqueue.monitor(dsn, seconds=0.1, every=0.05, show=False)  # a DSN does too
     assert watch.snapshots[-1].queues == {"new": watch.snapshots[-1].queues["new"]}
     assert watch.snapshots[-1].queues["new"].ready == 1
+
+
+def test_it_shows_each_schedules_next_slot_and_which_groups_are_at_their_limit(
+    dsn: str,
+) -> None:
+    with Queue(dsn) as q:
+        q.limit("reports", per_group=2)
+        q.enqueue_many([{"n": n} for n in range(3)], queue="reports", group="tenant-1")
+        q.enqueue({"n": 9}, queue="reports", group="tenant-2")
+        held = q.claim("reports", limit=10)  # 2 of tenant-1 (its limit), 1 of tenant-2
+        q.conn.execute(
+            "INSERT INTO pgqueue_schedules (name, spec, queue, last_slot, next_slot) VALUES "
+            "('beat', 'every 60s', 'ticks', '2026-12-01 10:00Z', '2026-12-01 10:01Z')"
+        )
+        watch = pgqueue.monitor(q, seconds=0.1, every=0.05, show=False)
+        only = pgqueue.monitor(q, "ticks", seconds=0.05, every=0.05, show=False)
+    assert len(held) == 3
+    last = watch.snapshots[-1]
+    [beat] = last.schedules
+    assert (beat.name, beat.queue, f"{beat.next_slot:%H:%M}") == ("beat", "ticks", "10:01")
+    [limit] = last.limits
+    assert (limit.queue, limit.per_group) == ("reports", 2)
+    assert limit.running == (("tenant-1", 2), ("tenant-2", 1)) and limit.full == ["tenant-1"]
+    line = module._line(watch, final=True)
+    assert "beat next 10:01:00" in line and "1 group(s) full (tenant-1)" in line
+    assert "tenant-1" in watch.figure()._suptitle.get_text()  # the figure says it too
+    # Watching one queue shows that queue's schedules and limits only.
+    assert [s.name for s in only.snapshots[-1].schedules] == ["beat"]
+    assert only.snapshots[-1].limits == ()
 
 
 def test_an_async_queue_is_watched_on_a_connection_of_its_own(dsn: str) -> None:

@@ -40,3 +40,25 @@ FROM jobs
 WHERE status = 'running' AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
 ORDER BY lease_until, id
 LIMIT %(limit)s;
+
+-- name: monitor_side_tables
+-- Whether the periodic jobs' and the per-group limits' tables exist (an installation from
+-- before them has neither until `pgqueue init`): read once, from the catalog.
+SELECT to_regclass('pgqueue_schedules') IS NOT NULL, to_regclass('pgqueue_limits') IS NOT NULL;
+
+-- name: monitor_schedules
+-- Each periodic schedule of the queues watched: its name, queue, last slot handled and
+-- next slot, as the last tick left them (a few rows: one per schedule).
+SELECT name, queue, last_slot, next_slot FROM pgqueue_schedules
+WHERE %(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[])
+ORDER BY name;
+
+-- name: monitor_limits
+-- Each limited queue watched, its limit per group, and its groups' running jobs holding a
+-- slot (jobs_slot_idx: only running jobs claimed under a limit are in it), busiest first.
+SELECT l.queue, l.per_group, j.group_key, count(j.id)
+FROM pgqueue_limits l
+LEFT JOIN jobs j ON j.queue = l.queue AND j.status = 'running' AND j.slot IS NOT NULL
+WHERE %(queues)s::text[] IS NULL OR l.queue = ANY(%(queues)s::text[])
+GROUP BY l.queue, l.per_group, j.group_key
+ORDER BY l.queue, count(j.id) DESC, j.group_key;
