@@ -1,4 +1,5 @@
-"""Checks for notebook 05, failures and backoff: a retry schedule that fits a budget."""
+"""Checks for notebook 05, failures and backoff: a retry schedule that fits a budget, with
+hints in tiers (what the schedule does first, the fix at the second slip of a kind)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ from ...errors import BadInput
 from ...queue import Queue
 from ..stories import sandbox
 from . import expect, passed
+from .tiers import Hints
+
+HINTS = Hints()
 
 OUTAGE = 10 * 60  # seconds: the longest outage the retries must outlast
 BUDGET = 60 * 60  # seconds: by then the job must have given up (gone dead)
@@ -42,10 +46,14 @@ def check_retry_budget(dsn: str, backoff: object, max_attempts: object) -> None:
         f"max_attempts should be a whole number of attempts, at least 1, got {max_attempts!r}",
     )
     assert isinstance(backoff, int | float) and isinstance(max_attempts, int)
-    expect(
+    hints = HINTS
+    hints.expect(
         max_attempts <= MOST_ATTEMPTS,
-        f"{max_attempts} attempts would call the provider {max_attempts} times for one order: "
-        f"at most {MOST_ATTEMPTS}, so make each wait longer (a larger backoff) instead",
+        "attempts",
+        f"{max_attempts} attempts would call the provider {max_attempts} times for one order, "
+        f"and it asks for at most {MOST_ATTEMPTS}",
+        f"keep max_attempts at {MOST_ATTEMPTS} or fewer and make each wait longer instead: a "
+        "larger backoff",
     )
     try:
         delays = schedule(dsn, float(backoff), max_attempts)
@@ -54,17 +62,24 @@ def check_retry_budget(dsn: str, backoff: object, max_attempts: object) -> None:
         raise
     last = sum(delays)
     waits = ", ".join(f"{d:g}" for d in delays) or "none"
-    expect(
+    hints.expect(
         last >= OUTAGE,
+        "short",
         f"with backoff {backoff:g} s and {max_attempts} attempts the last attempt starts "
         f"{last:g} s after the first failure (waits: {waits} s): a {OUTAGE // 60}-minute outage "
-        "outlasts every retry: a larger backoff, or more attempts (up to 8)",
+        "outlasts every retry",
+        "after attempt k fails the job waits backoff * 2**k, so the last attempt starts "
+        "backoff * (2**max_attempts - 2) s after the first failure: a larger backoff, or more "
+        f"attempts (up to {MOST_ATTEMPTS})",
     )
-    expect(
+    hints.expect(
         last <= BUDGET,
+        "long",
         f"with backoff {backoff:g} s and {max_attempts} attempts the last attempt starts "
         f"{last / 60:.0f} minutes after the first failure (waits: {waits} s): the job should "
-        f"have given up within {BUDGET // 60} minutes: a smaller backoff, or fewer attempts",
+        f"have given up within {BUDGET // 60} minutes",
+        "the last attempt starts backoff * (2**max_attempts - 2) s after the first failure: a "
+        "smaller backoff, or fewer attempts",
     )
     passed(
         f"waits of {waits} s: the last of {max_attempts} attempts starts {last / 60:.1f} min "

@@ -1,4 +1,5 @@
-"""Checks for notebook 08: a refund enqueued inside the application's own transaction."""
+"""Checks for notebook 08: a refund enqueued inside the application's own transaction, with
+hints in tiers (what the tables show first, the fix at the second slip of a kind)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from ...queue import Queue
-from . import expect, passed
+from . import passed
+from .tiers import Hints
+
+HINTS = Hints()
 
 
 def check_refund(refund_order: Callable[..., Any], dsn: str) -> None:
@@ -43,21 +47,39 @@ def check_refund(refund_order: Callable[..., Any], dsn: str) -> None:
         def heard() -> list[str]:
             return [n.payload for n in listener.notifies(timeout=0.3, stop_after=None)]
 
+        hints = HINTS
         heard()  # anything sent before the check began
         ok = new_order("refund check: ok")
         refund_order(app, q, ok)
-        expect(
+        hints.expect(
             app.info.transaction_status == TransactionStatus.IDLE,
-            "refund_order left a transaction open on app: use `with app.transaction():`",
+            "left-open",
+            f"after refund_order(app, q, {ok}) returned, app is still inside a transaction: "
+            "nothing it did is committed, and its row locks are held",
+            "let a block end the transaction: `with app.transaction():` commits when the block "
+            "ends, and rolls back when it raises",
         )
         refunded, jobs = state(ok)
-        expect(refunded, f"refund_order(app, q, {ok}) did not mark order {ok} refunded")
-        expect(
-            [queue for _, queue in jobs] == ["refunds"],
-            f"refund_order(app, q, {ok}) should add one job {{'order_id': {ok}}} on the queue "
-            f"'refunds'; found {len(jobs)} job(s) on {sorted({q for _, q in jobs}) or 'none'}",
+        hints.expect(
+            refunded,
+            "update",
+            f"refund_order(app, q, {ok}) returned, and order {ok} is not refunded",
+            'app.execute("UPDATE orders SET refunded = true WHERE id = %s", [order_id])',
         )
-        expect("refunds" in heard(), "the committed refund woke no worker (no NOTIFY heard)")
+        hints.expect(
+            [queue for _, queue in jobs] == ["refunds"],
+            "enqueue",
+            f"refund_order(app, q, {ok}) added {len(jobs)} job(s) for order {ok}, on "
+            f"{sorted({q for _, q in jobs}) or 'no queue'}, not one on 'refunds'",
+            'q.enqueue({"order_id": order_id}, queue="refunds", conn=app)',
+        )
+        hints.expect(
+            "refunds" in heard(),
+            "notify",
+            f"order {ok}'s refund committed with its job, and no worker heard of it (no NOTIFY)",
+            "enqueue with pgqueue's Queue.enqueue: its NOTIFY goes out when the transaction "
+            "commits",
+        )
 
         bad = new_order("refund check: provider fails")
         raised = False
@@ -67,24 +89,48 @@ def check_refund(refund_order: Callable[..., Any], dsn: str) -> None:
             raised = True
         if app.info.transaction_status != TransactionStatus.IDLE:
             app.rollback()
-            expect(False, "the failed refund left a transaction open: use app.transaction()")
-        expect(
+            hints.fail(
+                "failed-open",
+                f"refund_order(app, q, {bad}, provider_fails=True) raised and left app inside "
+                "its transaction: the next statement on app would fail until a rollback",
+                "`with app.transaction():` rolls back by itself when its block raises",
+            )
+        hints.expect(
             raised,
-            "refund_order(..., provider_fails=True) returned normally: raise an exception "
-            "after the enqueue, so the transaction rolls back",
+            "no-raise",
+            f"refund_order(app, q, {bad}, provider_fails=True) returned normally",
+            "after the enqueue, `if provider_fails: raise RuntimeError(...)`, inside the "
+            "transaction block, so it rolls back",
         )
         refunded, jobs = state(bad)
-        expect(
+        hints.expect(
+            not (jobs and refunded),
+            "no-transaction",
+            f"the provider failed, and order {bad} is refunded all the same, with job "
+            f"{jobs[0][0] if jobs else ''} queued: each statement committed on its own",
+            "put the UPDATE and the enqueue in one `with app.transaction():` block",
+        )
+        hints.expect(
             not jobs,
-            f"the rolled-back refund left job {jobs[0][0] if jobs else ''} behind: enqueue with "
-            "conn=app inside the same transaction as the UPDATE",
+            "conn",
+            f"the failed refund rolled back (order {bad} is not refunded), but its job "
+            f"{jobs[0][0] if jobs else ''} is queued: the enqueue went through another "
+            "connection, q's own, and committed there",
+            "enqueue on the application's connection, inside its transaction: conn=app",
         )
-        expect(
+        hints.expect(
             not refunded,
-            f"the failed refund still marked order {bad} refunded: do the UPDATE inside the "
-            "same `with app.transaction():` as the enqueue",
+            "update-outside",
+            f"the failed refund left no job, but order {bad} is refunded: the UPDATE committed "
+            "outside the transaction that rolled back",
+            "do the UPDATE inside the same `with app.transaction():` as the enqueue",
         )
-        expect(not heard(), "a worker heard of the rolled-back refund (a NOTIFY got out)")
+        hints.expect(
+            not heard(),
+            "notify-rollback",
+            "a worker heard of the rolled-back refund (a NOTIFY got out)",
+            "send nothing by hand: the enqueue's own NOTIFY is dropped with the rollback",
+        )
     passed(
         f"order {ok}: refunded, one job on 'refunds', one wake-up; order {bad}: rolled back, "
         "no job, no wake-up"

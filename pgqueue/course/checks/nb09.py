@@ -1,4 +1,5 @@
-"""Checks for notebook 09: the idempotency table that guards an e-mail send."""
+"""Checks for notebook 09: the idempotency table that guards an e-mail send, with hints in
+tiers (what the runs did first, the fix at the second slip of a kind)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from ...db import first_line
 from ...job import Job
 from ..idempotency import FakeMailer, paused_worker_story
 from . import ExerciseFailed, expect, passed
+from .tiers import Hints
+
+HINTS = Hints()
 
 
 def check_guard(guard: object, dsn: str) -> None:
@@ -22,10 +26,14 @@ def check_guard(guard: object, dsn: str) -> None:
         "GUARD should be the text of an INSERT statement",
     )
     assert isinstance(guard, str)
-    expect(
+    hints = HINTS
+    hints.expect(
         "%(job_id)s" in guard,
-        "the guard should use the job's id, %(job_id)s: it is the same for every run of the "
-        "job (the fence is not)",
+        "job-id",
+        "your guard never uses %(job_id)s, the one parameter that is the same for every run "
+        "of the job",
+        "key the row on the job (the fence changes from run to run): INSERT INTO sent_emails "
+        "(job_id, to_addr) VALUES (%(job_id)s, %(to)s)",
     )
     mailer = FakeMailer()
     errors: list[str] = []
@@ -46,20 +54,29 @@ def check_guard(guard: object, dsn: str) -> None:
 
     job_id, _ = paused_worker_story(dsn, send_welcome, payload={"to": "check@example.com"})
     duplicate = [e for e in errors if e.startswith("UniqueViolation")]
-    expect(
+    hints.expect(
         not duplicate,
-        f"the late run's guard raised {duplicate[0] if duplicate else ''}: a run that finds "
-        "the job's row should add nothing, quietly (ON CONFLICT (job_id) DO NOTHING)",
+        "conflict",
+        f"the late run's guard raised {duplicate[0] if duplicate else ''}: one e-mail, but "
+        "every duplicate run now ends as a failed attempt with an error that looks like a bug",
+        "a run that finds the job's row should add nothing, quietly: ON CONFLICT (job_id) DO "
+        "NOTHING",
     )
     expect(not errors, f"the guard failed: {errors[0] if errors else ''}")
-    expect(
+    hints.expect(
         len(mailer.delivered) <= 1,
-        f"{len(mailer.delivered)} e-mails went out for job {job_id}: the guard added a row "
-        "(rowcount 1) for both runs; it must add one for the first run only",
+        "twice",
+        f"{len(mailer.delivered)} e-mails went out for job {job_id}: the guard's rowcount was "
+        "1 for both runs",
+        "DO UPDATE counts as a row too: a run that finds the row must change nothing, ON "
+        "CONFLICT (job_id) DO NOTHING",
     )
-    expect(
+    hints.expect(
         len(mailer.delivered) == 1,
-        f"no e-mail went out for job {job_id}: the guard added no row even for the first run",
+        "none",
+        f"no e-mail went out for job {job_id}: the guard's rowcount was 0 even for the first run",
+        "the first run must add the row: INSERT INTO sent_emails (job_id, to_addr) VALUES "
+        "(%(job_id)s, %(to)s)",
     )
     with psycopg.connect(dsn, autocommit=True) as conn:
         other = {"job_id": job_id + 1_000_000, "to": "other@example.com", "fence": 1}
@@ -69,10 +86,11 @@ def check_guard(guard: object, dsn: str) -> None:
             raise ExerciseFailed(
                 f"the guard raised {type(exc).__name__} for another job's e-mail"
             ) from None
-        expect(
+        hints.expect(
             first == 1,
-            "another job's e-mail was refused: the guard must key on the job, not on "
-            "something two jobs share",
+            "other-job",
+            "another job's first e-mail was refused: the guard's rowcount was 0",
+            "the guard must key on the job (job_id), not on something two jobs share",
         )
     passed(
         f"job {job_id} ran twice (paused worker A, then B) and sent one e-mail; "

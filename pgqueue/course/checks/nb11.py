@@ -1,4 +1,5 @@
-"""Checks for notebook 11: the partial unique index that lets one live job hold a key."""
+"""Checks for notebook 11: the partial unique index that lets one live job hold a key, with
+hints in tiers (what the inserts did first, the fix at the second slip of a kind)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import psycopg
 
 from ...db import first_line
 from . import ExerciseFailed, expect, passed
+from .tiers import Hints
+
+HINTS = Hints()
 
 TABLE = "my_jobs"
 
@@ -68,20 +72,27 @@ def check_key_index(ddl: object, dsn: str) -> None:
         ).fetchone() or (0,)
         expect(indexes >= 1, f"no index was created on {TABLE}: write CREATE ... ON {TABLE}")
 
+        hints = HINTS
         added = _together(dsn, "reports", "daily")
-        expect(
+        hints.expect(
             added == 1,
-            f"8 concurrent enqueues of key 'daily' added {added} jobs: the index must be UNIQUE "
-            "over the key",
+            "unique",
+            f"8 concurrent enqueues of key 'daily' on 'reports' added {added} jobs",
+            "only a unique index refuses the second: CREATE UNIQUE INDEX ... ON my_jobs (queue, "
+            "key)",
         )
-        expect(
+        hints.expect(
             _insert(conn, "emails", "daily"),
-            "a job of another queue could not use the key 'daily': keys are per queue, so the "
-            "index must cover (queue, key)",
+            "per-queue",
+            "a job of the queue 'emails' was refused the key 'daily', which only a job of "
+            "'reports' holds",
+            "keys are per queue: the index covers (queue, key)",
         )
-        expect(
+        hints.expect(
             _insert(conn, "reports", None) and _insert(conn, "reports", None),
-            "two jobs without a key clashed: jobs with key NULL must never conflict",
+            "null-key",
+            "two jobs without a key (key NULL) clashed",
+            "index the key itself: a unique index never counts two NULLs as equal (no COALESCE)",
         )
 
         def set_status(status: str) -> None:
@@ -92,23 +103,33 @@ def check_key_index(ddl: object, dsn: str) -> None:
             )
 
         set_status("running")
-        expect(
+        hints.expect(
             not _insert(conn, "reports", "daily"),
-            "a new job took the key of a running job: a running job still holds its key",
+            "running",
+            "the job holding 'daily' started running, and a new job with the key 'daily' went in "
+            "beside it",
+            "a running job still holds its key: WHERE status IN ('ready', 'running')",
         )
         for ended in ("done", "dead", "cancelled"):
             set_status(ended)
-            expect(
+            hints.expect(
                 _insert(conn, "reports", "daily"),
-                f"once its job is {ended} the key must be free again: make the index partial, "
-                "WHERE status IN ('ready', 'running')",
+                "ended",
+                f"the job holding 'daily' is {ended}, and a new job with the key was refused",
+                "make the index partial, over the live jobs only: WHERE status IN ('ready', "
+                "'running')",
             )
         (partial,) = conn.execute(
             "SELECT count(*) FROM pg_indexes WHERE tablename = %s AND indexdef ILIKE '%%WHERE%%'",
             [TABLE],
         ).fetchone() or (0,)
         conn.execute(f"DROP TABLE {TABLE}")
-    expect(partial >= 1, "the index should be partial (a WHERE clause)")
+    HINTS.expect(
+        partial >= 1,
+        "partial",
+        "your index holds every job, finished or not, though only live ones can clash",
+        "make it partial: ... WHERE status IN ('ready', 'running')",
+    )
     passed(
         "8 concurrent enqueues of one key added one job; the key is held while ready or "
         "running, free once done, dead or cancelled; per queue; no clash without a key"

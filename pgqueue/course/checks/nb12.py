@@ -1,4 +1,5 @@
-"""Checks for notebook 12, asyncio: an async handler that awaits its I/O and its write."""
+"""Checks for notebook 12, asyncio: an async handler that awaits its I/O and its write, with
+hints in tiers (what the run shows first, the fix at the second slip of a kind)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from ...async_queue import AsyncQueue
 from ...async_worker import AsyncWorker
 from .. import lab
 from . import expect, passed
+from .tiers import Hints
+
+HINTS = Hints()
 
 RECEIPTS = """
 CREATE TABLE receipts (
@@ -70,35 +74,43 @@ async def check_async_handler(handler: Callable[[AsyncJob], Awaitable[Any]]) -> 
             failed = await cur.fetchall()
             cur = await q.conn.execute("SELECT order_id, job_id, fence FROM receipts")
             receipts = await cur.fetchall()
+    hints = HINTS
     if failed:
         job_id, status, error = failed[0]
-        expect(
+        hints.expect(
             status != "running",
-            f"job {job_id} was still running after 30 s: does notify_customer ever return?",
+            "stuck",
+            f"job {job_id} was still running after 30 s",
+            "notify_customer must return: await send_email(...) once, write, and end",
         )
         expect(False, f"job {job_id} failed: {error} (fix notify_customer and run it again)")
-    expect(
+    hints.expect(
         receipts,
-        "every job is done but no receipt was written: did you await job.fenced_write(...)? "
-        "Without await the write is a coroutine that never runs",
+        "no-await",
+        f"all {JOBS} jobs are done, and the receipts table is empty",
+        "await job.fenced_write(...): without await the write is a coroutine that never runs",
     )
-    expect(
+    hints.expect(
         len(receipts) == JOBS,
-        f"{len(receipts)} receipts for {JOBS} orders: write one per job, keyed by "
-        'job.payload["order_id"]',
+        "count",
+        f"{len(receipts)} receipts for {JOBS} orders",
+        'write one receipt per job, keyed by job.payload["order_id"]',
     )
-    expect(
+    hints.expect(
         {(order, job, fence) for order, job, fence in receipts}
         == {(n, job_id, 1) for n, job_id in enumerate(ids, start=1)},
-        'each receipt should be keyed by its job\'s payload["order_id"] (written by that '
-        "job, at fence 1): use job.fenced_write, which adds job_id and fence",
+        "keyed",
+        "the receipts' (order_id, job_id, fence) are not each job's own order, id and fence 1",
+        'job.fenced_write("receipts", {"order_id": job.payload["order_id"]}, {"body": ...}) '
+        "adds the job's id and fence itself",
     )
     span = max(ends) - min(starts)
-    expect(
+    hints.expect(
         span < JOBS * IO / 2,
+        "blocking",
         f"the {JOBS} handlers took {span:.1f} s from the first start to the last end, one "
-        f"after another ({JOBS} x {IO:g} s): something blocks the event loop (time.sleep?); "
-        "await the I/O (await send_email(...)) so the others run meanwhile",
+        f"after another ({JOBS} x {IO:g} s): something blocks the event loop",
+        "await the I/O (await send_email(...)), never time.sleep, so the others run meanwhile",
     )
     passed(
         f"{JOBS} receipts at fence 1, one per order; the {JOBS} handlers awaited their "

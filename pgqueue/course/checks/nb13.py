@@ -1,4 +1,5 @@
-"""Checks for notebook 13: sizing a fleet of worker hosts against max_connections."""
+"""Checks for notebook 13: sizing a fleet of worker hosts against max_connections, with hints
+in tiers (the scenario and its right count first, the rule missed at the second slip)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import numbers
 from collections.abc import Callable
 
 from . import expect, passed
+from .tiers import Hints
+
+HINTS = Hints()
 
 # (hosts, threads, budget, pool, max_client_conn): the scenarios the answer must get right.
 SCENARIOS: list[tuple[int, int, int, int | None, int]] = [
@@ -77,33 +81,49 @@ def raise_hint(
     pool: int | None,
     clients: int,
 ) -> None:
-    """Fail with a hint about the likely mistake behind ``got``."""
-    hint = "count each process's connections again"
+    """Fail with the symptom of the likely mistake behind ``got``, and its rule at the
+    second slip of that kind."""
+    kind, rule = "other", "count each process's connections again"
     if got < 0:
-        hint = "when the pool alone exceeds the budget no process fits: 0, never negative"
+        kind, rule = "negative", "when the pool alone exceeds the budget no process fits: 0"
     elif pool is None:
         if got in (budget // (hosts * threads), budget // (hosts * (threads + 1))):
-            hint = (
-                "each process opens threads + 2 connections: its lanes, the keeper "
-                "(heartbeats, reaper) and the listener (LISTEN)"
+            kind, rule = (
+                "direct",
+                (
+                    "each process opens threads + 2 connections: its lanes, the keeper "
+                    "(heartbeats, reaper) and the listener (LISTEN)"
+                ),
             )
     else:
         direct = budget // (hosts * (threads + 2))
         if got == direct:
-            hint = (
-                "through PgBouncer the lanes and keepers share the pool's server "
-                "connections: only the pool and the listeners count against the budget"
+            kind, rule = (
+                "pooled",
+                (
+                    "through PgBouncer the lanes and keepers share the pool's server "
+                    "connections: only the pool and the listeners count against the budget"
+                ),
             )
         elif got == clients // (hosts * (threads + 1)):
-            hint = (
-                "the listeners bypass PgBouncer (--listen-dsn): each process holds one "
-                "server connection of its own beside the pool"
+            kind, rule = (
+                "listeners",
+                (
+                    "the listeners bypass PgBouncer (--listen-dsn): each process holds one "
+                    "server connection of its own beside the pool"
+                ),
             )
         elif got == (budget - pool) // hosts:
-            hint = "every lane and keeper is a client of PgBouncer: max_client_conn bounds them"
+            kind, rule = (
+                "clients",
+                ("every lane and keeper is a client of PgBouncer: max_client_conn bounds them"),
+            )
         elif got == min((budget - pool) // hosts, clients // (hosts * (threads + 2))):
-            hint = "the listener is no client of PgBouncer: only lanes and the keeper are"
-    expect(False, f"{call} returned {got}, not {want}: {hint}")
+            kind, rule = (
+                "listener-client",
+                ("the listener is no client of PgBouncer: only lanes and the keeper are"),
+            )
+    HINTS.fail(kind, f"{call} returned {got}; the most that fit is {want}", rule)
 
 
 def _check_signature(answer: Callable[..., object]) -> None:
