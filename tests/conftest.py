@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -98,3 +100,14 @@ def rows(dsn: str, query: str, params: object = None) -> list[tuple]:
     """Run a query on its own connection and return all rows (for assertions)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    """Poll ``check`` until it returns something truthy, and return that; fail the test
+    after ``timeout`` seconds (a bound for a broken run, not a timing that is asserted)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := check():
+            return result
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

@@ -11,23 +11,13 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from conftest import rows
+from conftest import rows, wait_for
 from pgqueue import AsyncJob, AsyncWorker, Job, NotInstalled, Queue, Worker
-
-
-def wait_for(check: Any, timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := check():
-            return result
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def statuses(dsn: str) -> dict[str, int]:

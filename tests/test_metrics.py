@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -21,22 +21,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_cli import PGQUEUE, ROOT, clean_env, pgqueue, user_error
 
-from conftest import rows
+from conftest import rows, wait_for
 from pgqueue import AsyncWorker, BadInput, Job, Queue, Worker, statements, tracing
 from pgqueue.engine import Phase
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 STATUSES = ("ready", "running", "dead")
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    """Poll ``check`` until it returns something truthy; fail the test after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := check():
-            return result
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def scrape(url: str) -> Samples:

@@ -17,22 +17,12 @@ import psycopg
 import pytest
 
 import pgqueue
-from conftest import rows
+from conftest import rows, wait_for
 from pgqueue import BadInput, Job, NotInstalled, Queue, Worker
 from pgqueue.monitor import ALT, Counts, Monitor, Snapshot, _sql
 
 # The module (pgqueue.monitor, the attribute, is the function of the same name).
 module = importlib.import_module("pgqueue.monitor")
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    """Poll ``check`` until it returns something truthy; fail the test after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := check():
-            return result
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def looked(watch: Monitor, test: Callable[[Snapshot], bool]) -> Callable[[], Snapshot | None]:

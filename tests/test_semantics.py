@@ -6,23 +6,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
-from conftest import rows
+from conftest import rows, wait_for
 from pgqueue import BadInput, GiveUp, Job, Queue, RetryAfter, Tasks, Worker
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := check():
-            return result
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 # -- priority -------------------------------------------------------------------------

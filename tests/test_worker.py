@@ -13,21 +13,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from conftest import rows
+from conftest import rows, wait_for
 from pgqueue import BadInput, EventLog, Job, NotInstalled, Queue, Worker
 from pgqueue.course.faults import FaultyWorker
 
 MakeWorker = Callable[..., Worker]
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    """Poll ``check`` until it returns something truthy; fail the test after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := check():
-            return result
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def statuses(dsn: str) -> dict[str, int]:
