@@ -1,4 +1,4 @@
-"""Notebook 08's exercise, against a real server: the query that finds the sessions holding
+"""Notebook 09's exercise, against a real server: the query that finds the sessions holding
 the vacuum horizon passes, and each plausible wrong query fails with a hint of its own."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Checks for notebook 08, dead rows and the vacuum horizon: the reader's query on
+"""Checks for notebook 09, dead rows and the vacuum horizon: the reader's query on
 ``pg_stat_activity`` that finds the sessions holding vacuum back, oldest first."""
 
 from __future__ import annotations
