@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = ["notebooks/04-fencing-tokens.ipynb", "notebooks/05-failures-and-backoff.ipynb"]
+NOTEBOOKS = ["notebooks/04-fencing-tokens.ipynb", "notebooks/06-failures-and-backoff.ipynb"]
 BUTTON = "Run Interact"  # the interact_manual button that re-runs the experiment
 CHROMIUM = Path("/usr/bin/chromium")
 # Headless Chromium without a network: no background connections, no first-run work.

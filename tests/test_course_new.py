@@ -1,4 +1,4 @@
-"""The course modules of notebooks 14 and 15, against a real server: each exercise check
+"""The course modules of notebooks 15 and 16, against a real server: each exercise check
 passes its solution and catches plausible wrong answers, symptom first and the fragment only
 at the second slip of a kind; the races the notebooks show come out as they say."""
 

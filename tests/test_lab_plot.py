@@ -234,7 +234,7 @@ def test_fencing_draws_the_stored_fences_and_where_a_late_write_is_refused(
     _labels_apart(fig)
 
 
-# -- the two failures the committed benchmark measures (notebooks 06 and 07) -----------
+# -- the two failures the committed benchmark measures (notebooks 08 and 09) -----------
 DATA = Path(__file__).resolve().parent.parent / "data"
 
 

@@ -1,4 +1,4 @@
-"""The lifecycle diagram of notebook 05: its arrows name real statements and statuses, and
+"""The lifecycle diagram of notebook 06: its arrows name real statements and statuses, and
 it draws with every statement on an arrow and no label running into another."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Notebook 12's benchmark figure: ``data/bench_async.csv`` (an ``AsyncWorker`` and a threaded
+"""Notebook 13's benchmark figure: ``data/bench_async.csv`` (an ``AsyncWorker`` and a threaded
 ``Worker`` on the same 10,000 jobs of awaited I/O) compared like with like: per handler in
 flight, since the two ran at the concurrency each is built for (500 coroutines, 50 threads)."""
 

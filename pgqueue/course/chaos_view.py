@@ -1,4 +1,4 @@
-"""Notebook 10's view of a chaos run (``pgqueue.tools.chaos``): keep the run's rows before its
+"""Notebook 17's view of a chaos run (``pgqueue.tools.chaos``): keep the run's rows before its
 throwaway server goes away, trace every re-run to the fault behind it, and draw the run.
 
 A re-run is a job attempt after the first: each one means an earlier attempt was lost. The

@@ -1,4 +1,4 @@
-"""Notebook 09's aids: an e-mail service outside the database, and the paused-worker story
+"""Notebook 05's aids: an e-mail service outside the database, and the paused-worker story
 replayed against it, so the notebook can count the e-mails that went out.
 
 ``FakeMailer`` stands for any effect the database cannot take back: every ``send`` delivers,

@@ -1,4 +1,4 @@
-"""Notebook 14's per-group limit experiments: a count-then-claim limit broken by two
+"""Notebook 15's per-group limit experiments: a count-then-claim limit broken by two
 claims in flight (pgqueuer's issue #761), pgqueue's slots in the same interleaving, and real
 worker threads under a limit, sampled from the table. Teaching aids, not the queue.
 

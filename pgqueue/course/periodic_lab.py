@@ -1,4 +1,4 @@
-"""Notebook 14's periodic-job experiments: workers ticking one schedule, two ticks of one
+"""Notebook 15's periodic-job experiments: workers ticking one schedule, two ticks of one
 slot at the same moment, and the catch-up policies after every worker stopped. Teaching
 aids, not the queue: the ticks are pgqueue's own (``periodic.py``, ``schedule_tick``)."""
 

@@ -1,4 +1,4 @@
-"""Notebook 06's experiments: what a worker sends while it waits for work, statement by
+"""Notebook 07's experiments: what a worker sends while it waits for work, statement by
 statement, and throughput against the poll interval, under a backlog and under bursts.
 
 Teaching aids only: the statement log adds a trigger to the jobs table of the database it

@@ -1,4 +1,4 @@
-"""Notebook 07's experiments: dead row versions and what holds VACUUM back, and the
+"""Notebooks 09 and 10's experiments: dead row versions and what holds VACUUM back, and the
 samples and simulation behind choosing a lease. Teaching aids, not part of the queue."""
 
 from __future__ import annotations

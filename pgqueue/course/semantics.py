@@ -1,4 +1,4 @@
-"""Notebook 11's experiments: priorities under a constant stream of urgent work (starvation,
+"""Notebook 12's experiments: priorities under a constant stream of urgent work (starvation,
 and aging as its cure), and concurrent enqueues of one key. Teaching aids, not the queue."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Notebook 15's experiments: a three-step job killed after its second step, a step written
+"""Notebook 16's experiments: a three-step job killed after its second step, a step written
 by a check and a write in two statements (wrong on purpose) against ``job.step``, a result
 waited for, and a handler's transaction held to its commit. Teaching aids, not the queue."""
 

@@ -1,4 +1,4 @@
-"""Instruments and experiments for notebooks 03-05: leases, reapers and fences, as the
+"""Instruments and experiments for notebooks 03-06: leases, reapers and fences, as the
 database itself recorded them.
 
 - ``watch(conn, *tables)`` installs a trigger that copies every inserted or changed row of

@@ -1,0 +1,45 @@
+"""Notebook 09's exercise, against a real server: the query that finds the sessions holding
+the vacuum horizon passes, and each plausible wrong query fails with a hint of its own."""
+
+from __future__ import annotations
+
+import pytest
+
+from pgqueue.course.checks import ExerciseFailed, horizon
+
+RIGHT = """
+SELECT pid, application_name, backend_xid, backend_xmin
+FROM pg_stat_activity
+WHERE (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL) AND pid <> pg_backend_pid()
+ORDER BY greatest(age(backend_xid), age(backend_xmin)) DESC
+"""
+WRONG = {
+    "state": "SELECT pid, application_name FROM pg_stat_activity "
+    "WHERE state = 'idle in transaction' ORDER BY xact_start",
+    "own": RIGHT.replace(" AND pid <> pg_backend_pid()", ""),
+    "xid": RIGHT.replace("backend_xid IS NOT NULL OR ", ""),
+    "xmin": RIGHT.replace(" OR backend_xmin IS NOT NULL", ""),
+    "order": RIGHT.replace(" DESC", ""),
+}
+
+
+def test_the_right_query_passes(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    horizon.check_horizon_query(dsn, RIGHT)
+    assert "\N{CHECK MARK}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", sorted(WRONG))
+def test_each_wrong_query_gets_its_own_hint(dsn: str, kind: str) -> None:
+    horizon.HINTS.seen.clear()
+    messages = []
+    for _ in range(2):
+        with pytest.raises(ExerciseFailed) as info:
+            horizon.check_horizon_query(dsn, WRONG[kind])
+        messages.append(str(info.value))
+    assert set(horizon.HINTS.seen) == {kind}, messages
+    assert "Hint:" not in messages[0] and "Hint:" in messages[1]
+
+
+def test_a_query_without_the_names_is_told_what_to_return(dsn: str) -> None:
+    with pytest.raises(ExerciseFailed, match="return application_name"):
+        horizon.check_horizon_query(dsn, "SELECT pid FROM pg_stat_activity")
