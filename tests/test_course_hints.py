@@ -17,12 +17,12 @@ from pgqueue.course.checks import (
     nb02,
     nb05,
     nb06,
-    nb08,
-    nb09,
-    nb10,
+    nb07,
     nb11,
     nb12,
     nb13,
+    nb14,
+    nb17,
 )
 from pgqueue.course.checks.tiers import Hints
 
@@ -113,12 +113,12 @@ def test_the_broken_claims_race_as_the_notebook_says(dsn: str) -> None:
 def test_the_retry_budget_check_tells_too_many_too_short_and_too_long_apart(
     dsn: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    nb05.check_retry_budget(dsn, 5.0, 8)
+    nb06.check_retry_budget(dsn, 5.0, 8)
     assert "within the hour" in capsys.readouterr().out
     results = {
-        "attempts": slips(nb05.check_retry_budget, nb05.HINTS, dsn, 5.0, 10),
-        "short": slips(nb05.check_retry_budget, nb05.HINTS, dsn, 0.5, 8),
-        "long": slips(nb05.check_retry_budget, nb05.HINTS, dsn, 30.0, 8),
+        "attempts": slips(nb06.check_retry_budget, nb06.HINTS, dsn, 5.0, 10),
+        "short": slips(nb06.check_retry_budget, nb06.HINTS, dsn, 0.5, 8),
+        "long": slips(nb06.check_retry_budget, nb06.HINTS, dsn, 30.0, 8),
     }
     assert {want: kind for want, (_, _, kind) in results.items()} == {k: k for k in results}
     distinct(results)
@@ -151,10 +151,10 @@ WRONG_FORMULAS = {
 def test_the_idle_formula_check_tells_each_missed_rule_apart(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    nb06.check_idle_formula(idle)  # and a real worker, about 1.2 s
+    nb07.check_idle_formula(idle)  # and a real worker, about 1.2 s
     assert "a real idle worker sent that" in capsys.readouterr().out
     results = {
-        want: slips(nb06.check_idle_formula, nb06.HINTS, wrong)
+        want: slips(nb07.check_idle_formula, nb07.HINTS, wrong)
         for want, wrong in WRONG_FORMULAS.items()
     }
     assert {want: kind for want, (_, _, kind) in results.items()} == {k: k for k in results}
@@ -215,7 +215,7 @@ def test_the_refund_check_gives_each_mistake_its_own_hint(
 ) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(SHOP)
-    nb08.check_refund(refund_order, dsn)
+    nb11.check_refund(refund_order, dsn)
     assert "rolled back, no job, no wake-up" in capsys.readouterr().out
     wrong = {
         "no-transaction": no_transaction,
@@ -223,7 +223,7 @@ def test_the_refund_check_gives_each_mistake_its_own_hint(
         "update-outside": update_outside,
         "no-raise": never_raises,
     }
-    results = {want: slips(nb08.check_refund, nb08.HINTS, f, dsn) for want, f in wrong.items()}
+    results = {want: slips(nb11.check_refund, nb11.HINTS, f, dsn) for want, f in wrong.items()}
     assert {want: kind for want, (_, _, kind) in results.items()} == {k: k for k in results}
     distinct(results)
     assert "conn=app" in results["conn"][1] and "conn=app" not in results["conn"][0]
@@ -248,17 +248,17 @@ def test_the_guard_check_tells_a_raising_and_a_double_sending_guard_apart(
     dsn: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # The same story, told faster: A freezes 1 s past a 0.4 s lease (the lesson: 2 s, 1 s).
-    story = functools.partial(nb09.paused_worker_story, pause=1.0, lease=0.4)
-    monkeypatch.setattr(nb09, "paused_worker_story", story)
+    story = functools.partial(nb05.paused_worker_story, pause=1.0, lease=0.4)
+    monkeypatch.setattr(nb05, "paused_worker_story", story)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             "CREATE TABLE sent_emails (job_id bigint PRIMARY KEY, to_addr text NOT NULL,"
             " sent_at timestamptz NOT NULL DEFAULT now())"
         )
-    nb09.check_guard(GUARD, dsn)
+    nb05.check_guard(GUARD, dsn)
     assert "sent one e-mail" in capsys.readouterr().out
     results = {
-        want: slips(nb09.check_guard, nb09.HINTS, wrong, dsn)
+        want: slips(nb05.check_guard, nb05.HINTS, wrong, dsn)
         for want, wrong in WRONG_GUARDS.items()
     }
     assert {want: kind for want, (_, _, kind) in results.items()} == {k: k for k in results}
@@ -282,10 +282,10 @@ WRONG_BOUNDS = {
 def test_the_bound_check_tells_each_miscounted_fault_apart(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    nb10.check_bound(explainable)
+    nb17.check_bound(explainable)
     assert "four fault plans" in capsys.readouterr().out
     results = {
-        want: slips(nb10.check_bound, nb10.HINTS, wrong) for want, wrong in WRONG_BOUNDS.items()
+        want: slips(nb17.check_bound, nb17.HINTS, wrong) for want, wrong in WRONG_BOUNDS.items()
     }
     assert {want: kind for want, (_, _, kind) in results.items()} == {k: k for k in results}
     distinct(results)
@@ -310,10 +310,10 @@ WRONG_INDEXES = {
 def test_the_key_index_check_gives_each_mistake_its_own_hint(
     dsn: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    nb11.check_key_index(KEY_INDEX, dsn)
+    nb12.check_key_index(KEY_INDEX, dsn)
     assert "added one job" in capsys.readouterr().out
     results = {
-        want: slips(nb11.check_key_index, nb11.HINTS, wrong, dsn)
+        want: slips(nb12.check_key_index, nb12.HINTS, wrong, dsn)
         for want, wrong in WRONG_INDEXES.items()
     }
     assert {want: kind for want, (_, _, kind) in results.items()} == {k: k for k in results}
@@ -347,15 +347,15 @@ async def wrong_key(job: Any) -> None:
 def test_the_async_handler_check_tells_a_lost_write_from_a_wrong_key(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    asyncio.run(nb12.check_async_handler(notify_customer))
+    asyncio.run(nb13.check_async_handler(notify_customer))
     assert "awaited their" in capsys.readouterr().out
 
     def check(handler: Any) -> None:
-        asyncio.run(nb12.check_async_handler(handler))
+        asyncio.run(nb13.check_async_handler(handler))
 
     results = {
-        "no-await": slips(check, nb12.HINTS, not_awaited),
-        "keyed": slips(check, nb12.HINTS, wrong_key),
+        "no-await": slips(check, nb13.HINTS, not_awaited),
+        "keyed": slips(check, nb13.HINTS, wrong_key),
     }
     assert {want: kind for want, (_, _, kind) in results.items()} == {k: k for k in results}
     distinct(results)
@@ -395,9 +395,9 @@ def no_listeners(
 def test_the_fleet_check_tells_each_miscounted_connection_apart(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    nb13.check_fleet(processes_per_host)
+    nb14.check_fleet(processes_per_host)
     assert "directly and through PgBouncer" in capsys.readouterr().out
     wrong = {"direct": lanes_only, "pooled": pool_ignored, "listeners": no_listeners}
-    results = {want: slips(nb13.check_fleet, nb13.HINTS, f) for want, f in wrong.items()}
+    results = {want: slips(nb14.check_fleet, nb14.HINTS, f) for want, f in wrong.items()}
     assert {want: kind for want, (_, _, kind) in results.items()} == {k: k for k in results}
     distinct(results)

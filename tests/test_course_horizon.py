@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgqueue.course.checks import ExerciseFailed, horizon
+from pgqueue.course.checks import ExerciseFailed, nb09
 
 RIGHT = """
 SELECT pid, application_name, backend_xid, backend_xmin
@@ -24,22 +24,22 @@ WRONG = {
 
 
 def test_the_right_query_passes(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
-    horizon.check_horizon_query(dsn, RIGHT)
+    nb09.check_horizon_query(dsn, RIGHT)
     assert "\N{CHECK MARK}" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("kind", sorted(WRONG))
 def test_each_wrong_query_gets_its_own_hint(dsn: str, kind: str) -> None:
-    horizon.HINTS.seen.clear()
+    nb09.HINTS.seen.clear()
     messages = []
     for _ in range(2):
         with pytest.raises(ExerciseFailed) as info:
-            horizon.check_horizon_query(dsn, WRONG[kind])
+            nb09.check_horizon_query(dsn, WRONG[kind])
         messages.append(str(info.value))
-    assert set(horizon.HINTS.seen) == {kind}, messages
+    assert set(nb09.HINTS.seen) == {kind}, messages
     assert "Hint:" not in messages[0] and "Hint:" in messages[1]
 
 
 def test_a_query_without_the_names_is_told_what_to_return(dsn: str) -> None:
     with pytest.raises(ExerciseFailed, match="return application_name"):
-        horizon.check_horizon_query(dsn, "SELECT pid FROM pg_stat_activity")
+        nb09.check_horizon_query(dsn, "SELECT pid FROM pg_stat_activity")

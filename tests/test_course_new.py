@@ -11,7 +11,7 @@ import pytest
 import pgqueue
 from pgqueue import Job, Queue
 from pgqueue.course import limits_lab, periodic_lab, steps_lab
-from pgqueue.course.checks import ExerciseFailed, nb14, nb15
+from pgqueue.course.checks import ExerciseFailed, nb15, nb16
 from pgqueue.course.checks.tiers import Hints
 
 TICK = """
@@ -77,33 +77,33 @@ def test_hints_give_the_symptom_first_and_the_fragment_at_the_second_slip() -> N
 def test_the_tick_check_passes_the_solution_and_catches_the_races(
     dsn: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    nb14.check_tick(TICK, dsn)
+    nb15.check_tick(TICK, dsn)
     assert capsys.readouterr().out.startswith("\N{CHECK MARK} two ticks of one slot")
-    first, second = failures(nb14.check_tick, CHECK_THEN_INSERT, dsn)
+    first, second = failures(nb15.check_tick, CHECK_THEN_INSERT, dsn)
     assert "left 0 rows in my_slots and 2 job(s)" in first and "Hint" not in first
     assert "Hint: INSERT INTO my_slots" in second
-    first, second = failures(nb14.check_tick, JOB_FIRST, dsn)
+    first, second = failures(nb15.check_tick, JOB_FIRST, dsn)
     assert "made 2 jobs and my_slots kept one row" in first and "Hint" not in first
     assert "Hint: make the job FROM the slot insert's RETURNING" in second
     without = TICK.replace("ON CONFLICT (schedule, slot) DO NOTHING", "")
-    assert "unique_violation" in failures(nb14.check_tick, without, dsn)[0]
+    assert "unique_violation" in failures(nb15.check_tick, without, dsn)[0]
     assert pgqueue.Queue(dsn).stats()[0]["status"] == "finished"  # the check left no job
 
 
 def test_the_step_check_passes_the_solution_and_tells_the_lock_slips_apart(dsn: str) -> None:
-    nb15.check_step_put(STEP_PUT, dsn)
+    nb16.check_step_put(STEP_PUT, dsn)
     now = STEP_PUT.replace("lease_until > clock_timestamp()", "lease_until > now()")
     assert (
         "a step written after the lease ran out was stored"
-        in failures(nb15.check_step_put, now, dsn)[0]
+        in failures(nb16.check_step_put, now, dsn)[0]
     )
-    key_share = failures(nb15.check_step_put, STEP_PUT.replace("FOR SHARE", "FOR KEY SHARE"), dsn)
-    no_lock = failures(nb15.check_step_put, STEP_PUT.replace("FOR SHARE", ""), dsn)
+    key_share = failures(nb16.check_step_put, STEP_PUT.replace("FOR SHARE", "FOR KEY SHARE"), dsn)
+    no_lock = failures(nb16.check_step_put, STEP_PUT.replace("FOR SHARE", ""), dsn)
     assert "a cancel of job" in key_share[0] and "Hint" not in key_share[0]
     assert "Hint: FOR KEY SHARE lets an UPDATE" in key_share[1]
     assert "Hint: lock the job row in the check" in no_lock[1]
     stale = STEP_PUT.replace("AND fence = %(fence)s", "")
-    assert "a stale holder (fence 1" in failures(nb15.check_step_put, stale, dsn)[0]
+    assert "a stale holder (fence 1" in failures(nb16.check_step_put, stale, dsn)[0]
 
 
 def finish(q: Queue, job: Job, cents: int) -> bool:
@@ -127,9 +127,9 @@ def complete_first(q: Queue, job: Job, cents: int) -> bool:
 
 
 def test_the_finish_check_passes_one_transaction_and_catches_two(dsn: str) -> None:
-    nb15.check_finish(finish, dsn)
-    assert "left its invoice (700,) behind" in failures(nb15.check_finish, two_commits, dsn)[0]
-    message = failures(nb15.check_finish, complete_first, dsn)[0]
+    nb16.check_finish(finish, dsn)
+    assert "left its invoice (700,) behind" in failures(nb16.check_finish, two_commits, dsn)[0]
+    message = failures(nb16.check_finish, complete_first, dsn)[0]
     assert "failed, and the job is 'done'" in message
 
 

@@ -1,87 +1,98 @@
-"""Checks for notebook 05, failures and backoff: a retry schedule that fits a budget, with
-hints in tiers (what the schedule does first, the fix at the second slip of a kind)."""
+"""Checks for notebook 05: the idempotency table that guards an e-mail send, with hints in
+tiers (what the runs did first, the fix at the second slip of a kind)."""
 
 from __future__ import annotations
 
-from ...errors import BadInput
-from ...queue import Queue
-from ..stories import sandbox
-from . import expect, passed
+import time
+from typing import Any
+
+import psycopg
+
+from ...db import first_line
+from ...job import Job
+from ..idempotency import FakeMailer, paused_worker_story
+from . import ExerciseFailed, expect, passed
 from .tiers import Hints
 
 HINTS = Hints()
 
-OUTAGE = 10 * 60  # seconds: the longest outage the retries must outlast
-BUDGET = 60 * 60  # seconds: by then the job must have given up (gone dead)
-MOST_ATTEMPTS = 8  # the provider asks for no more calls than this per order
 
-
-def schedule(dsn: str, backoff: float, max_attempts: int) -> list[float]:
-    """The delays (seconds) pgqueue's own ``fail`` statement gives a job that fails every
-    attempt, with this ``backoff`` and ``max_attempts``: one per retry, until it is dead.
-    Runs against a private jobs table, jumping its clock forward to each retry."""
-    delays: list[float] = []
-    with sandbox(dsn) as conn:
-        q = Queue(conn)
-        q.enqueue({"order": 42}, queue="payments", max_attempts=max_attempts)
-        while True:
-            [job] = q.claim("payments", lease=30)
-            q.fail(job, "ConnectionError: the payment service is down", backoff=backoff)
-            if job.status == "dead":
-                return delays
-            assert job.retry_in is not None
-            delays.append(job.retry_in)
-            conn.execute("UPDATE jobs SET run_at = now()")  # time passes: the retry is due
-
-
-def check_retry_budget(dsn: str, backoff: object, max_attempts: object) -> None:
-    """Check that ``backoff`` and ``max_attempts`` keep retrying through a 10-minute outage,
-    give up within the hour, and call the provider at most 8 times."""
+def check_guard(guard: object, dsn: str) -> None:
+    """Replay the paused worker with a handler that sends only when ``guard`` (an INSERT into
+    ``sent_emails`` with ``%(job_id)s``, ``%(to)s``) added a row: one e-mail, not two, no
+    error; and a different job still gets its own e-mail."""
     expect(
-        isinstance(backoff, int | float) and not isinstance(backoff, bool) and backoff > 0,
-        f"the backoff should be a number of seconds above 0, got {backoff!r}",
+        isinstance(guard, str) and guard.strip(),
+        "GUARD should be the text of an INSERT statement",
     )
-    expect(
-        isinstance(max_attempts, int) and not isinstance(max_attempts, bool) and max_attempts >= 1,
-        f"max_attempts should be a whole number of attempts, at least 1, got {max_attempts!r}",
-    )
-    assert isinstance(backoff, int | float) and isinstance(max_attempts, int)
+    assert isinstance(guard, str)
     hints = HINTS
     hints.expect(
-        max_attempts <= MOST_ATTEMPTS,
-        "attempts",
-        f"{max_attempts} attempts would call the provider {max_attempts} times for one order, "
-        f"and it asks for at most {MOST_ATTEMPTS}",
-        f"keep max_attempts at {MOST_ATTEMPTS} or fewer and make each wait longer instead: a "
-        "larger backoff",
+        "%(job_id)s" in guard,
+        "job-id",
+        "your guard never uses %(job_id)s, the one parameter that is the same for every run "
+        "of the job",
+        "key the row on the job (the fence changes from run to run): INSERT INTO sent_emails "
+        "(job_id, to_addr) VALUES (%(job_id)s, %(to)s)",
     )
-    try:
-        delays = schedule(dsn, float(backoff), max_attempts)
-    except BadInput as exc:
-        expect(False, f"pgqueue refused the backoff: {exc}")
-        raise
-    last = sum(delays)
-    waits = ", ".join(f"{d:g}" for d in delays) or "none"
+    mailer = FakeMailer()
+    errors: list[str] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE sent_emails")
+
+    def send_welcome(job: Job) -> None:
+        assert job.conn is not None
+        time.sleep(0.2)  # render the e-mail
+        params: dict[str, Any] = {"job_id": job.id, "to": job.payload["to"], "fence": job.fence}
+        try:
+            won = job.conn.execute(guard, params).rowcount == 1
+        except psycopg.Error as exc:
+            errors.append(f"{type(exc).__name__}: {first_line(exc)}")
+            raise
+        if won:
+            mailer.send(job.payload["to"], "Welcome!", job=job)
+
+    job_id, _ = paused_worker_story(dsn, send_welcome, payload={"to": "check@example.com"})
+    duplicate = [e for e in errors if e.startswith("UniqueViolation")]
     hints.expect(
-        last >= OUTAGE,
-        "short",
-        f"with backoff {backoff:g} s and {max_attempts} attempts the last attempt starts "
-        f"{last:g} s after the first failure (waits: {waits} s): a {OUTAGE // 60}-minute outage "
-        "outlasts every retry",
-        "after attempt k fails the job waits backoff * 2**k, so the last attempt starts "
-        "backoff * (2**max_attempts - 2) s after the first failure: a larger backoff, or more "
-        f"attempts (up to {MOST_ATTEMPTS})",
+        not duplicate,
+        "conflict",
+        f"the late run's guard raised {duplicate[0] if duplicate else ''}: one e-mail, but "
+        "every duplicate run now ends as a failed attempt with an error that looks like a bug",
+        "a run that finds the job's row should add nothing, quietly: ON CONFLICT (job_id) DO "
+        "NOTHING",
+    )
+    expect(not errors, f"the guard failed: {errors[0] if errors else ''}")
+    hints.expect(
+        len(mailer.delivered) <= 1,
+        "twice",
+        f"{len(mailer.delivered)} e-mails went out for job {job_id}: the guard's rowcount was "
+        "1 for both runs",
+        "DO UPDATE counts as a row too: a run that finds the row must change nothing, ON "
+        "CONFLICT (job_id) DO NOTHING",
     )
     hints.expect(
-        last <= BUDGET,
-        "long",
-        f"with backoff {backoff:g} s and {max_attempts} attempts the last attempt starts "
-        f"{last / 60:.0f} minutes after the first failure (waits: {waits} s): the job should "
-        f"have given up within {BUDGET // 60} minutes",
-        "the last attempt starts backoff * (2**max_attempts - 2) s after the first failure: a "
-        "smaller backoff, or fewer attempts",
+        len(mailer.delivered) == 1,
+        "none",
+        f"no e-mail went out for job {job_id}: the guard's rowcount was 0 even for the first run",
+        "the first run must add the row: INSERT INTO sent_emails (job_id, to_addr) VALUES "
+        "(%(job_id)s, %(to)s)",
     )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        other = {"job_id": job_id + 1_000_000, "to": "other@example.com", "fence": 1}
+        try:
+            first = conn.execute(guard, other).rowcount
+        except psycopg.Error as exc:
+            raise ExerciseFailed(
+                f"the guard raised {type(exc).__name__} for another job's e-mail"
+            ) from None
+        hints.expect(
+            first == 1,
+            "other-job",
+            "another job's first e-mail was refused: the guard's rowcount was 0",
+            "the guard must key on the job (job_id), not on something two jobs share",
+        )
     passed(
-        f"waits of {waits} s: the last of {max_attempts} attempts starts {last / 60:.1f} min "
-        f"after the first failure, after a {OUTAGE // 60}-minute outage and within the hour"
+        f"job {job_id} ran twice (paused worker A, then B) and sent one e-mail; "
+        "another job still sends its own"
     )

@@ -1,129 +1,87 @@
-"""Checks for notebook 06, polling and LISTEN/NOTIFY: what an idle worker costs, with
-hints in tiers (how the count differs from the worker's first, the rule it misses after)."""
+"""Checks for notebook 06, failures and backoff: a retry schedule that fits a budget, with
+hints in tiers (what the schedule does first, the fix at the second slip of a kind)."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-
-from .. import lab, polling
+from ...errors import BadInput
+from ...queue import Queue
+from ..stories import sandbox
 from . import expect, passed
 from .tiers import Hints
 
-# (concurrency, queues, poll_interval, reap_interval): settings the formula is tried on.
-CASES = [(1, 1, 2.0, 5.0), (4, 1, 0.1, 5.0), (1, 3, 1.0, 5.0), (2, 2, 0.25, 0.5), (3, 2, 0.5, 1.0)]
-LIVE = (2, 2, 0.25, 0.5)  # the setting measured on a real worker
-TOLERANCE = 0.3  # measured against predicted, relative: polls come a claim's time late
-
-
-def _reference(concurrency: int, queues: int, poll: float, reap: float) -> float:
-    return queues / poll + 1 / reap
-
-
-# Plausible slips: (formula, kind, what it shows against the worker, the rule it misses).
-_SLIPS: list[tuple[Callable[[int, int, float, float], float], str, str, str]] = [
-    (
-        lambda c, q, p, r: q / p,
-        "reaper",
-        "your count matches the worker's claims alone, but its log also has reaps",
-        "the worker also runs the reap statement once every reap_interval seconds, work or no "
-        "work: + 1 / reap_interval",
-    ),
-    (
-        lambda c, q, p, r: c * q / p + 1 / r,
-        "per-lane",
-        "your count grows with concurrency, but the worker's claims are the same for 1 lane or 4",
-        "the lanes do not poll on their own: one dispatcher claims for the whole worker "
-        "whenever a lane is free, so concurrency does not multiply the claims",
-    ),
-    (
-        lambda c, q, p, r: 1 / p + 1 / r,
-        "queues",
-        "your count is the same for 1 queue or 3, but the worker's claims grow with its queues",
-        "the dispatcher asks each queue in turn, one claim statement per queue per poll: "
-        "queues / poll_interval",
-    ),
-    (
-        lambda c, q, p, r: q / p + c / r,
-        "reap-per-lane",
-        "your reaps grow with concurrency, but the worker's do not",
-        "the reaper runs once per worker, not once per lane: 1 / reap_interval",
-    ),
-    (
-        lambda c, q, p, r: q / p + 1 / r + 3 / 30,
-        "heartbeats",
-        "your count is 0.1 a second above the worker's, and an idle worker's log has no heartbeats",
-        "an idle worker holds no job, so it sends no heartbeats: they come only while a job "
-        "is held",
-    ),
-    (
-        lambda c, q, p, r: q * p + 1 / r,
-        "interval",
-        "your claims grow as poll_interval grows, but the worker's fall",
-        "the dispatcher claims once every poll_interval seconds: that is 1 / poll_interval "
-        "claims a second per queue, not poll_interval",
-    ),
-]
 HINTS = Hints()
 
+OUTAGE = 10 * 60  # seconds: the longest outage the retries must outlast
+BUDGET = 60 * 60  # seconds: by then the job must have given up (gone dead)
+MOST_ATTEMPTS = 8  # the provider asks for no more calls than this per order
 
-def check_idle_formula(formula: Callable[[int, int, float, float], float]) -> None:
-    """Compare ``formula(concurrency, queues, poll_interval, reap_interval)`` (statements per
-    second of an idle worker; ``queues`` is how many queues it serves) with the worker's
-    rules, then with a real idle worker."""
-    hints = HINTS
+
+def schedule(dsn: str, backoff: float, max_attempts: int) -> list[float]:
+    """The delays (seconds) pgqueue's own ``fail`` statement gives a job that fails every
+    attempt, with this ``backoff`` and ``max_attempts``: one per retry, until it is dead.
+    Runs against a private jobs table, jumping its clock forward to each retry."""
+    delays: list[float] = []
+    with sandbox(dsn) as conn:
+        q = Queue(conn)
+        q.enqueue({"order": 42}, queue="payments", max_attempts=max_attempts)
+        while True:
+            [job] = q.claim("payments", lease=30)
+            q.fail(job, "ConnectionError: the payment service is down", backoff=backoff)
+            if job.status == "dead":
+                return delays
+            assert job.retry_in is not None
+            delays.append(job.retry_in)
+            conn.execute("UPDATE jobs SET run_at = now()")  # time passes: the retry is due
+
+
+def check_retry_budget(dsn: str, backoff: object, max_attempts: object) -> None:
+    """Check that ``backoff`` and ``max_attempts`` keep retrying through a 10-minute outage,
+    give up within the hour, and call the provider at most 8 times."""
     expect(
-        callable(formula),
-        "idle_statements_per_s should be a function of "
-        "(concurrency, queues, poll_interval, reap_interval)",
+        isinstance(backoff, int | float) and not isinstance(backoff, bool) and backoff > 0,
+        f"the backoff should be a number of seconds above 0, got {backoff!r}",
     )
-    for case in CASES:
-        c, q, p, r = case
-        try:
-            got = float(formula(*case))
-        except TypeError as exc:
-            hints.fail(
-                "queues-count",
-                f"idle_statements_per_s{case} raised TypeError: {exc}",
-                f"queues is how many queues the worker serves, a number ({q} here; 2 for "
-                'queue=["emails", "reports"]), not the list of their names',
-            )
-        except Exception as exc:
-            expect(False, f"idle_statements_per_s{case} raised {type(exc).__name__}: {exc}")
-        want = _reference(*case)
-        if math.isclose(got, want, rel_tol=0.02):
-            continue
-        setting = (
-            f"for concurrency={c}, queues={q}, poll_interval={p:g}, reap_interval={r:g} your "
-            f"formula gives {got:.3g} statements/s, the worker sends {want:.3g}"
-        )
-        for slip, kind, symptom, rule in _SLIPS:
-            if math.isclose(got, slip(*case), rel_tol=0.02):
-                hints.fail(kind, f"{setting}: {symptom}", rule)
-        hints.fail(
-            "other",
-            setting,
-            "count the worker's claims (one per queue per poll) and its reaps (one per "
-            "reap_interval, for the whole worker)",
-        )
-    c, q, p, r = LIVE
-    predicted = float(formula(*LIVE))
-    names = [f"q{i}" for i in range(1, q + 1)]
-    with lab.scratch_database("course_06_exercise") as dsn:
-        rates = polling.idle_statements(
-            dsn, concurrency=c, queues=names, poll_interval=p, reap_interval=r, seconds=1.2
-        )
-    measured = sum(rates.values())
-    detail = ", ".join(f"{kind} {rate:.1f}/s" for kind, rate in sorted(rates.items()))
+    expect(
+        isinstance(max_attempts, int) and not isinstance(max_attempts, bool) and max_attempts >= 1,
+        f"max_attempts should be a whole number of attempts, at least 1, got {max_attempts!r}",
+    )
+    assert isinstance(backoff, int | float) and isinstance(max_attempts, int)
+    hints = HINTS
     hints.expect(
-        abs(measured - predicted) <= TOLERANCE * predicted,
-        "live",
-        f"a real worker ({c} lanes, {q} queues, poll {p:g} s, reap {r:g} s) sent "
-        f"{measured:.1f} statements/s ({detail}); your formula says {predicted:.1f}",
-        "count only what an idle worker sends: its claims and its reaps",
+        max_attempts <= MOST_ATTEMPTS,
+        "attempts",
+        f"{max_attempts} attempts would call the provider {max_attempts} times for one order, "
+        f"and it asks for at most {MOST_ATTEMPTS}",
+        f"keep max_attempts at {MOST_ATTEMPTS} or fewer and make each wait longer instead: a "
+        "larger backoff",
+    )
+    try:
+        delays = schedule(dsn, float(backoff), max_attempts)
+    except BadInput as exc:
+        expect(False, f"pgqueue refused the backoff: {exc}")
+        raise
+    last = sum(delays)
+    waits = ", ".join(f"{d:g}" for d in delays) or "none"
+    hints.expect(
+        last >= OUTAGE,
+        "short",
+        f"with backoff {backoff:g} s and {max_attempts} attempts the last attempt starts "
+        f"{last:g} s after the first failure (waits: {waits} s): a {OUTAGE // 60}-minute outage "
+        "outlasts every retry",
+        "after attempt k fails the job waits backoff * 2**k, so the last attempt starts "
+        "backoff * (2**max_attempts - 2) s after the first failure: a larger backoff, or more "
+        f"attempts (up to {MOST_ATTEMPTS})",
+    )
+    hints.expect(
+        last <= BUDGET,
+        "long",
+        f"with backoff {backoff:g} s and {max_attempts} attempts the last attempt starts "
+        f"{last / 60:.0f} minutes after the first failure (waits: {waits} s): the job should "
+        f"have given up within {BUDGET // 60} minutes",
+        "the last attempt starts backoff * (2**max_attempts - 2) s after the first failure: a "
+        "smaller backoff, or fewer attempts",
     )
     passed(
-        f"your formula predicts {predicted:g} statements/s for {c} lanes on {q} queues "
-        f"(poll {p:g} s, reap {r:g} s), and a real idle worker sent that, within "
-        f"{TOLERANCE:.0%}"
+        f"waits of {waits} s: the last of {max_attempts} attempts starts {last / 60:.1f} min "
+        f"after the first failure, after a {OUTAGE // 60}-minute outage and within the hour"
     )

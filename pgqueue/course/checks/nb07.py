@@ -1,43 +1,129 @@
-"""Checks for notebook 07: choosing a lease from measured stalls and a recovery budget."""
+"""Checks for notebook 07, polling and LISTEN/NOTIFY: what an idle worker costs, with
+hints in tiers (how the count differs from the worker's first, the rule it misses after)."""
 
 from __future__ import annotations
 
 import math
-import numbers
+from collections.abc import Callable
 
-from ..production import lost_fraction, stall_sample
+from .. import lab, polling
 from . import expect, passed
+from .tiers import Hints
 
-LOSS_BUDGET = 0.001  # at most one stall in a thousand may cost a healthy job its lease
+# (concurrency, queues, poll_interval, reap_interval): settings the formula is tried on.
+CASES = [(1, 1, 2.0, 5.0), (4, 1, 0.1, 5.0), (1, 3, 1.0, 5.0), (2, 2, 0.25, 0.5), (3, 2, 0.5, 1.0)]
+LIVE = (2, 2, 0.25, 0.5)  # the setting measured on a real worker
+TOLERANCE = 0.3  # measured against predicted, relative: polls come a claim's time late
 
 
-def check_lease(lease: object, *, reap_interval: float, recovery_budget: float) -> None:
-    """The lease survives the stalls of a fresh week (at most one in a thousand costs a
-    healthy job) and gets a crashed worker's job running again within the budget."""
+def _reference(concurrency: int, queues: int, poll: float, reap: float) -> float:
+    return queues / poll + 1 / reap
+
+
+# Plausible slips: (formula, kind, what it shows against the worker, the rule it misses).
+_SLIPS: list[tuple[Callable[[int, int, float, float], float], str, str, str]] = [
+    (
+        lambda c, q, p, r: q / p,
+        "reaper",
+        "your count matches the worker's claims alone, but its log also has reaps",
+        "the worker also runs the reap statement once every reap_interval seconds, work or no "
+        "work: + 1 / reap_interval",
+    ),
+    (
+        lambda c, q, p, r: c * q / p + 1 / r,
+        "per-lane",
+        "your count grows with concurrency, but the worker's claims are the same for 1 lane or 4",
+        "the lanes do not poll on their own: one dispatcher claims for the whole worker "
+        "whenever a lane is free, so concurrency does not multiply the claims",
+    ),
+    (
+        lambda c, q, p, r: 1 / p + 1 / r,
+        "queues",
+        "your count is the same for 1 queue or 3, but the worker's claims grow with its queues",
+        "the dispatcher asks each queue in turn, one claim statement per queue per poll: "
+        "queues / poll_interval",
+    ),
+    (
+        lambda c, q, p, r: q / p + c / r,
+        "reap-per-lane",
+        "your reaps grow with concurrency, but the worker's do not",
+        "the reaper runs once per worker, not once per lane: 1 / reap_interval",
+    ),
+    (
+        lambda c, q, p, r: q / p + 1 / r + 3 / 30,
+        "heartbeats",
+        "your count is 0.1 a second above the worker's, and an idle worker's log has no heartbeats",
+        "an idle worker holds no job, so it sends no heartbeats: they come only while a job "
+        "is held",
+    ),
+    (
+        lambda c, q, p, r: q * p + 1 / r,
+        "interval",
+        "your claims grow as poll_interval grows, but the worker's fall",
+        "the dispatcher claims once every poll_interval seconds: that is 1 / poll_interval "
+        "claims a second per queue, not poll_interval",
+    ),
+]
+HINTS = Hints()
+
+
+def check_idle_formula(formula: Callable[[int, int, float, float], float]) -> None:
+    """Compare ``formula(concurrency, queues, poll_interval, reap_interval)`` (statements per
+    second of an idle worker; ``queues`` is how many queues it serves) with the worker's
+    rules, then with a real idle worker."""
+    hints = HINTS
     expect(
-        isinstance(lease, numbers.Real) and not isinstance(lease, bool) and math.isfinite(lease),
-        f"lease should be a number of seconds, got {lease!r}",
+        callable(formula),
+        "idle_statements_per_s should be a function of "
+        "(concurrency, queues, poll_interval, reap_interval)",
     )
-    assert isinstance(lease, numbers.Real)
-    expect(lease > 0, f"lease should be more than 0 seconds, got {lease:g}")
-    recovery = lease + reap_interval
-    expect(
-        recovery <= recovery_budget,
-        f"with a {lease:.1f} s lease a crashed worker's job waits up to {recovery:.1f} s "
-        f"(lease + reap interval), over the {recovery_budget:g} s budget: heartbeats already "
-        "cover long jobs, so size the lease from the stalls, not from the job durations",
-    )
-    # Stalls the reader has not seen: a week of them from the same model, another seed.
-    week = stall_sample(200_000, seed=2024)
-    lost = lost_fraction(lease, week)
-    expect(
-        lost <= LOSS_BUDGET,
-        f"with a {lease:.1f} s lease {lost:.2%} of a fresh week's stalls cost a healthy job "
-        f"(budget {LOSS_BUDGET:.1%}): a job is lost when the time since its last heartbeat "
-        "(up to lease/3) plus the stall reaches the lease; add that, and a margin",
+    for case in CASES:
+        c, q, p, r = case
+        try:
+            got = float(formula(*case))
+        except TypeError as exc:
+            hints.fail(
+                "queues-count",
+                f"idle_statements_per_s{case} raised TypeError: {exc}",
+                f"queues is how many queues the worker serves, a number ({q} here; 2 for "
+                'queue=["emails", "reports"]), not the list of their names',
+            )
+        except Exception as exc:
+            expect(False, f"idle_statements_per_s{case} raised {type(exc).__name__}: {exc}")
+        want = _reference(*case)
+        if math.isclose(got, want, rel_tol=0.02):
+            continue
+        setting = (
+            f"for concurrency={c}, queues={q}, poll_interval={p:g}, reap_interval={r:g} your "
+            f"formula gives {got:.3g} statements/s, the worker sends {want:.3g}"
+        )
+        for slip, kind, symptom, rule in _SLIPS:
+            if math.isclose(got, slip(*case), rel_tol=0.02):
+                hints.fail(kind, f"{setting}: {symptom}", rule)
+        hints.fail(
+            "other",
+            setting,
+            "count the worker's claims (one per queue per poll) and its reaps (one per "
+            "reap_interval, for the whole worker)",
+        )
+    c, q, p, r = LIVE
+    predicted = float(formula(*LIVE))
+    names = [f"q{i}" for i in range(1, q + 1)]
+    with lab.scratch_database("course_06_exercise") as dsn:
+        rates = polling.idle_statements(
+            dsn, concurrency=c, queues=names, poll_interval=p, reap_interval=r, seconds=1.2
+        )
+    measured = sum(rates.values())
+    detail = ", ".join(f"{kind} {rate:.1f}/s" for kind, rate in sorted(rates.items()))
+    hints.expect(
+        abs(measured - predicted) <= TOLERANCE * predicted,
+        "live",
+        f"a real worker ({c} lanes, {q} queues, poll {p:g} s, reap {r:g} s) sent "
+        f"{measured:.1f} statements/s ({detail}); your formula says {predicted:.1f}",
+        "count only what an idle worker sends: its claims and its reaps",
     )
     passed(
-        f"lease {lease:.1f} s: {lost:.3%} of a fresh week's stalls cost a healthy job "
-        f"(budget {LOSS_BUDGET:.1%}); a crashed worker's job runs again within "
-        f"{recovery:.1f} s (budget {recovery_budget:g} s)"
+        f"your formula predicts {predicted:g} statements/s for {c} lanes on {q} queues "
+        f"(poll {p:g} s, reap {r:g} s), and a real idle worker sent that, within "
+        f"{TOLERANCE:.0%}"
     )

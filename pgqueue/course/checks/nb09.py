@@ -1,98 +1,106 @@
-"""Checks for notebook 09: the idempotency table that guards an e-mail send, with hints in
-tiers (what the runs did first, the fix at the second slip of a kind)."""
+"""Checks for notebook 09, dead rows and the vacuum horizon: the reader's query on
+``pg_stat_activity`` that finds the sessions holding vacuum back, oldest first."""
 
 from __future__ import annotations
 
-import time
-from typing import Any
+from contextlib import ExitStack
 
 import psycopg
 
-from ...db import first_line
-from ...job import Job
-from ..idempotency import FakeMailer, paused_worker_story
 from . import ExerciseFailed, expect, passed
 from .tiers import Hints
 
+PREFIX = "horizon check: "
+# Opened in this order, each left idle in its transaction: the two that hold the horizon
+# are "repeatable read" (a snapshot) and, a few transactions later, "write" (an xid).
+SESSIONS = {
+    "begin only": ["BEGIN"],
+    "read committed": ["BEGIN", "SELECT 1"],
+    "repeatable read": ["BEGIN ISOLATION LEVEL REPEATABLE READ", "SELECT 1"],
+    "write": ["BEGIN", "SELECT txid_current()"],
+}
+HOLDERS = ["repeatable read", "write"]  # oldest first
+YOU = "your query"
 HINTS = Hints()
 
 
-def check_guard(guard: object, dsn: str) -> None:
-    """Replay the paused worker with a handler that sends only when ``guard`` (an INSERT into
-    ``sent_emails`` with ``%(job_id)s``, ``%(to)s``) added a row: one e-mail, not two, no
-    error; and a different job still gets its own e-mail."""
-    expect(
-        isinstance(guard, str) and guard.strip(),
-        "GUARD should be the text of an INSERT statement",
-    )
-    assert isinstance(guard, str)
-    hints = HINTS
-    hints.expect(
-        "%(job_id)s" in guard,
-        "job-id",
-        "your guard never uses %(job_id)s, the one parameter that is the same for every run "
-        "of the job",
-        "key the row on the job (the fence changes from run to run): INSERT INTO sent_emails "
-        "(job_id, to_addr) VALUES (%(job_id)s, %(to)s)",
-    )
-    mailer = FakeMailer()
-    errors: list[str] = []
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE sent_emails")
-
-    def send_welcome(job: Job) -> None:
-        assert job.conn is not None
-        time.sleep(0.2)  # render the e-mail
-        params: dict[str, Any] = {"job_id": job.id, "to": job.payload["to"], "fence": job.fence}
-        try:
-            won = job.conn.execute(guard, params).rowcount == 1
-        except psycopg.Error as exc:
-            errors.append(f"{type(exc).__name__}: {first_line(exc)}")
-            raise
-        if won:
-            mailer.send(job.payload["to"], "Welcome!", job=job)
-
-    job_id, _ = paused_worker_story(dsn, send_welcome, payload={"to": "check@example.com"})
-    duplicate = [e for e in errors if e.startswith("UniqueViolation")]
-    hints.expect(
-        not duplicate,
-        "conflict",
-        f"the late run's guard raised {duplicate[0] if duplicate else ''}: one e-mail, but "
-        "every duplicate run now ends as a failed attempt with an error that looks like a bug",
-        "a run that finds the job's row should add nothing, quietly: ON CONFLICT (job_id) DO "
-        "NOTHING",
-    )
-    expect(not errors, f"the guard failed: {errors[0] if errors else ''}")
-    hints.expect(
-        len(mailer.delivered) <= 1,
-        "twice",
-        f"{len(mailer.delivered)} e-mails went out for job {job_id}: the guard's rowcount was "
-        "1 for both runs",
-        "DO UPDATE counts as a row too: a run that finds the row must change nothing, ON "
-        "CONFLICT (job_id) DO NOTHING",
-    )
-    hints.expect(
-        len(mailer.delivered) == 1,
-        "none",
-        f"no e-mail went out for job {job_id}: the guard's rowcount was 0 even for the first run",
-        "the first run must add the row: INSERT INTO sent_emails (job_id, to_addr) VALUES "
-        "(%(job_id)s, %(to)s)",
-    )
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        other = {"job_id": job_id + 1_000_000, "to": "other@example.com", "fence": 1}
-        try:
-            first = conn.execute(guard, other).rowcount
-        except psycopg.Error as exc:
-            raise ExerciseFailed(
-                f"the guard raised {type(exc).__name__} for another job's e-mail"
-            ) from None
-        hints.expect(
-            first == 1,
-            "other-job",
-            "another job's first e-mail was refused: the guard's rowcount was 0",
-            "the guard must key on the job (job_id), not on something two jobs share",
+def _names(dsn: str, query: str) -> list[str]:
+    """Run ``query`` while the sessions above sit idle; the check's session names it returned."""
+    with ExitStack() as stack:
+        for name, statements in SESSIONS.items():
+            conn = stack.enter_context(
+                psycopg.connect(dsn, autocommit=True, application_name=PREFIX + name)
+            )
+            for statement in statements:
+                conn.execute(statement)
+            if name == "repeatable read":  # a few transactions, so the two holders differ in age
+                with psycopg.connect(dsn, autocommit=True) as other:
+                    for _ in range(3):
+                        other.execute("SELECT txid_current()")
+        reader = stack.enter_context(
+            psycopg.connect(dsn, autocommit=True, application_name=PREFIX + YOU)
         )
+        try:
+            cur = reader.execute(query)
+        except psycopg.Error as e:
+            raise ExerciseFailed(
+                f"the query failed: {type(e).__name__}: {str(e).strip().splitlines()[0]}"
+            ) from None
+        columns = [c.name for c in cur.description or []]
+        expect(
+            "application_name" in columns,
+            f"the query returned the columns {columns}: return application_name (and pid) "
+            "of each session, so the check can tell which it found",
+        )
+        at = columns.index("application_name")
+        names = [row[at] for row in cur.fetchall()]
+    return [n[len(PREFIX) :] for n in names if isinstance(n, str) and n.startswith(PREFIX)]
+
+
+def check_horizon_query(dsn: str, query: str) -> None:
+    """``query`` lists the sessions that hold the vacuum horizon back (an xid or a snapshot),
+    oldest first, and neither the idle sessions that hold nothing nor its own."""
+    expect(
+        isinstance(query, str) and query.strip(),
+        "HORIZON_QUERY should be one SELECT on pg_stat_activity, as a string",
+    )
+    found = _names(dsn, query)
+    HINTS.expect(
+        YOU not in found,
+        "own",
+        "your own session is in the answer, though it sat in no transaction before the query",
+        "while a query runs it holds a snapshot of its own (backend_xmin); leave out "
+        "pid = pg_backend_pid()",
+    )
+    for harmless in ("begin only", "read committed"):
+        HINTS.expect(
+            harmless not in found,
+            "state",
+            f"the session {harmless!r} is in the answer: it is idle in transaction, but VACUUM "
+            "removed every dead version while it sat there",
+            "test backend_xid and backend_xmin, not state: it holds neither",
+        )
+    HINTS.expect(
+        "write" in found,
+        "xid",
+        "the session that wrote ('write', it ran txid_current()) is missing, and it holds "
+        "vacuum back",
+        "it holds a transaction id (backend_xid IS NOT NULL) though no snapshot",
+    )
+    HINTS.expect(
+        "repeatable read" in found,
+        "xmin",
+        "the 'repeatable read' session is missing, and it holds vacuum back",
+        "it has no xid, but one snapshot for its whole transaction (backend_xmin IS NOT NULL)",
+    )
+    HINTS.expect(
+        found == HOLDERS,
+        "order",
+        f"found both, in the order {found}: the one that holds the horizon furthest back "
+        "should come first",
+        "ORDER BY greatest(age(backend_xid), age(backend_xmin)) DESC",
+    )
     passed(
-        f"job {job_id} ran twice (paused worker A, then B) and sent one e-mail; "
-        "another job still sends its own"
+        "found the two sessions holding the horizon, the oldest first, and neither the idle "
+        "ones that hold nothing nor your own"
     )

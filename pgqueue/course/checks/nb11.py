@@ -1,136 +1,137 @@
-"""Checks for notebook 11: the partial unique index that lets one live job hold a key, with
-hints in tiers (what the inserts did first, the fix at the second slip of a kind)."""
+"""Checks for notebook 11: a refund enqueued inside the application's own transaction, with
+hints in tiers (what the tables show first, the fix at the second slip of a kind)."""
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Callable
+from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
-from ...db import first_line
-from . import ExerciseFailed, expect, passed
+from ...queue import Queue
+from . import passed
 from .tiers import Hints
 
 HINTS = Hints()
 
-TABLE = "my_jobs"
 
+def check_refund(refund_order: Callable[..., Any], dsn: str) -> None:
+    """``refund_order(app, q, order_id, provider_fails=...)`` marks the order refunded and
+    enqueues its job in one transaction: both or neither, and a wake-up only on commit."""
+    with (
+        psycopg.connect(dsn, autocommit=True) as app,
+        psycopg.connect(dsn, autocommit=True) as listener,
+        Queue(dsn) as q,  # its own connection, like the notebook's: conn=app is what joins them
+    ):
+        listener.execute("LISTEN pgqueue")
 
-def _insert(conn: psycopg.Connection, queue: str, key: str | None) -> bool:
-    """Insert a ready job; False if a unique index refused it."""
-    try:
-        conn.execute(
-            f"INSERT INTO {TABLE} (queue, payload, key) VALUES (%s, '{{}}', %s)", [queue, key]
-        )
-        return True
-    except psycopg.errors.UniqueViolation:
-        return False
+        def new_order(customer: str) -> int:
+            row = app.execute(
+                "INSERT INTO orders (customer, amount_cents) VALUES (%s, 100) RETURNING id",
+                [customer],
+            ).fetchone()
+            assert row is not None
+            return int(row[0])
 
+        def state(order_id: int) -> tuple[bool, list[tuple[int, str]]]:
+            (refunded,) = app.execute(
+                "SELECT refunded FROM orders WHERE id = %s", [order_id]
+            ).fetchone() or (None,)
+            jobs = app.execute(
+                "SELECT id, queue FROM jobs WHERE payload ->> 'order_id' = %s ORDER BY id",
+                [str(order_id)],
+            ).fetchall()
+            return bool(refunded), jobs
 
-def _together(dsn: str, queue: str, key: str, threads: int = 8) -> int:
-    """``threads`` connections insert a job with ``key`` at once; how many were added."""
-    start = threading.Barrier(threads)
-    added: list[bool] = []
-    errors: list[BaseException] = []
-
-    def insert() -> None:
-        try:
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                start.wait()
-                added.append(_insert(conn, queue, key))
-        except BaseException as exc:
-            errors.append(exc)
-            start.abort()
-
-    pool = [threading.Thread(target=insert) for _ in range(threads)]
-    for thread in pool:
-        thread.start()
-    for thread in pool:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return sum(added)
-
-
-def check_key_index(ddl: object, dsn: str) -> None:
-    """``ddl`` creates an index on ``my_jobs`` (a copy of ``jobs``) such that concurrent
-    enqueues of one key add one job, the key is held while the job is ready or running and
-    free once it is done, dead or cancelled, per queue, and jobs without a key never clash."""
-    expect(isinstance(ddl, str) and ddl.strip(), "KEY_INDEX should be a CREATE INDEX statement")
-    assert isinstance(ddl, str)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
-        conn.execute(f"CREATE TABLE {TABLE} (LIKE jobs INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
-        conn.execute(f"ALTER TABLE {TABLE} ADD PRIMARY KEY (id)")
-        try:
-            conn.execute(ddl)
-        except psycopg.Error as exc:
-            raise ExerciseFailed(f"the statement failed: {first_line(exc)}") from None
-        (indexes,) = conn.execute(
-            "SELECT count(*) FROM pg_indexes WHERE tablename = %s AND indexname NOT LIKE '%%_pkey'",
-            [TABLE],
-        ).fetchone() or (0,)
-        expect(indexes >= 1, f"no index was created on {TABLE}: write CREATE ... ON {TABLE}")
+        def heard() -> list[str]:
+            return [n.payload for n in listener.notifies(timeout=0.3, stop_after=None)]
 
         hints = HINTS
-        added = _together(dsn, "reports", "daily")
+        heard()  # anything sent before the check began
+        ok = new_order("refund check: ok")
+        refund_order(app, q, ok)
         hints.expect(
-            added == 1,
-            "unique",
-            f"8 concurrent enqueues of key 'daily' on 'reports' added {added} jobs",
-            "only a unique index refuses the second: CREATE UNIQUE INDEX ... ON my_jobs (queue, "
-            "key)",
+            app.info.transaction_status == TransactionStatus.IDLE,
+            "left-open",
+            f"after refund_order(app, q, {ok}) returned, app is still inside a transaction: "
+            "nothing it did is committed, and its row locks are held",
+            "let a block end the transaction: `with app.transaction():` commits when the block "
+            "ends, and rolls back when it raises",
+        )
+        refunded, jobs = state(ok)
+        hints.expect(
+            refunded,
+            "update",
+            f"refund_order(app, q, {ok}) returned, and order {ok} is not refunded",
+            'app.execute("UPDATE orders SET refunded = true WHERE id = %s", [order_id])',
         )
         hints.expect(
-            _insert(conn, "emails", "daily"),
-            "per-queue",
-            "a job of the queue 'emails' was refused the key 'daily', which only a job of "
-            "'reports' holds",
-            "keys are per queue: the index covers (queue, key)",
+            [queue for _, queue in jobs] == ["refunds"],
+            "enqueue",
+            f"refund_order(app, q, {ok}) added {len(jobs)} job(s) for order {ok}, on "
+            f"{sorted({q for _, q in jobs}) or 'no queue'}, not one on 'refunds'",
+            'q.enqueue({"order_id": order_id}, queue="refunds", conn=app)',
         )
         hints.expect(
-            _insert(conn, "reports", None) and _insert(conn, "reports", None),
-            "null-key",
-            "two jobs without a key (key NULL) clashed",
-            "index the key itself: a unique index never counts two NULLs as equal (no COALESCE)",
+            "refunds" in heard(),
+            "notify",
+            f"order {ok}'s refund committed with its job, and no worker heard of it (no NOTIFY)",
+            "enqueue with pgqueue's Queue.enqueue: its NOTIFY goes out when the transaction "
+            "commits",
         )
 
-        def set_status(status: str) -> None:
-            conn.execute(
-                f"UPDATE {TABLE} SET status = %s WHERE queue = 'reports' AND key = 'daily' "
-                "AND status IN ('ready', 'running')",
-                [status],
+        bad = new_order("refund check: provider fails")
+        raised = False
+        try:
+            refund_order(app, q, bad, provider_fails=True)
+        except Exception:
+            raised = True
+        if app.info.transaction_status != TransactionStatus.IDLE:
+            app.rollback()
+            hints.fail(
+                "failed-open",
+                f"refund_order(app, q, {bad}, provider_fails=True) raised and left app inside "
+                "its transaction: the next statement on app would fail until a rollback",
+                "`with app.transaction():` rolls back by itself when its block raises",
             )
-
-        set_status("running")
         hints.expect(
-            not _insert(conn, "reports", "daily"),
-            "running",
-            "the job holding 'daily' started running, and a new job with the key 'daily' went in "
-            "beside it",
-            "a running job still holds its key: WHERE status IN ('ready', 'running')",
+            raised,
+            "no-raise",
+            f"refund_order(app, q, {bad}, provider_fails=True) returned normally",
+            "after the enqueue, `if provider_fails: raise RuntimeError(...)`, inside the "
+            "transaction block, so it rolls back",
         )
-        for ended in ("done", "dead", "cancelled"):
-            set_status(ended)
-            hints.expect(
-                _insert(conn, "reports", "daily"),
-                "ended",
-                f"the job holding 'daily' is {ended}, and a new job with the key was refused",
-                "make the index partial, over the live jobs only: WHERE status IN ('ready', "
-                "'running')",
-            )
-        (partial,) = conn.execute(
-            "SELECT count(*) FROM pg_indexes WHERE tablename = %s AND indexdef ILIKE '%%WHERE%%'",
-            [TABLE],
-        ).fetchone() or (0,)
-        conn.execute(f"DROP TABLE {TABLE}")
-    HINTS.expect(
-        partial >= 1,
-        "partial",
-        "your index holds every job, finished or not, though only live ones can clash",
-        "make it partial: ... WHERE status IN ('ready', 'running')",
-    )
+        refunded, jobs = state(bad)
+        hints.expect(
+            not (jobs and refunded),
+            "no-transaction",
+            f"the provider failed, and order {bad} is refunded all the same, with job "
+            f"{jobs[0][0] if jobs else ''} queued: each statement committed on its own",
+            "put the UPDATE and the enqueue in one `with app.transaction():` block",
+        )
+        hints.expect(
+            not jobs,
+            "conn",
+            f"the failed refund rolled back (order {bad} is not refunded), but its job "
+            f"{jobs[0][0] if jobs else ''} is queued: the enqueue went through another "
+            "connection, q's own, and committed there",
+            "enqueue on the application's connection, inside its transaction: conn=app",
+        )
+        hints.expect(
+            not refunded,
+            "update-outside",
+            f"the failed refund left no job, but order {bad} is refunded: the UPDATE committed "
+            "outside the transaction that rolled back",
+            "do the UPDATE inside the same `with app.transaction():` as the enqueue",
+        )
+        hints.expect(
+            not heard(),
+            "notify-rollback",
+            "a worker heard of the rolled-back refund (a NOTIFY got out)",
+            "send nothing by hand: the enqueue's own NOTIFY is dropped with the rollback",
+        )
     passed(
-        "8 concurrent enqueues of one key added one job; the key is held while ready or "
-        "running, free once done, dead or cancelled; per queue; no clash without a key"
+        f"order {ok}: refunded, one job on 'refunds', one wake-up; order {bad}: rolled back, "
+        "no job, no wake-up"
     )

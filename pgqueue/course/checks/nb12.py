@@ -1,118 +1,136 @@
-"""Checks for notebook 12, asyncio: an async handler that awaits its I/O and its write, with
-hints in tiers (what the run shows first, the fix at the second slip of a kind)."""
+"""Checks for notebook 12: the partial unique index that lets one live job hold a key, with
+hints in tiers (what the inserts did first, the fix at the second slip of a kind)."""
 
 from __future__ import annotations
 
-import inspect
-import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+import threading
 
-from ...async_job import AsyncJob
-from ...async_queue import AsyncQueue
-from ...async_worker import AsyncWorker
-from .. import lab
-from . import expect, passed
+import psycopg
+
+from ...db import first_line
+from . import ExerciseFailed, expect, passed
 from .tiers import Hints
 
 HINTS = Hints()
 
-RECEIPTS = """
-CREATE TABLE receipts (
-  order_id bigint PRIMARY KEY,
-  body     text   NOT NULL,
-  job_id   bigint NOT NULL,
-  fence    bigint NOT NULL
-)
-"""
-JOBS = 20  # as many as the worker runs at once: with awaited I/O they all wait together
-IO = 0.1  # seconds of I/O in the notebook's send_email
+TABLE = "my_jobs"
 
 
-async def check_async_handler(handler: Callable[[AsyncJob], Awaitable[Any]]) -> None:
-    """Run the reader's handler with an AsyncWorker (20 at once) on 20 jobs in a scratch
-    database: every job done, a receipt at fence 1 for each order, and the handlers
-    really waiting together (none blocking the event loop)."""
-    expect(
-        inspect.iscoroutinefunction(handler),
-        "notify_customer should be an async def function: the AsyncWorker awaits it",
-    )
-    starts: list[float] = []
-    ends: list[float] = []
-
-    async def watched(job: AsyncJob) -> Any:
-        starts.append(time.monotonic())
-        try:
-            return await handler(job)
-        finally:
-            ends.append(time.monotonic())
-
-    with lab.scratch_database("course_12_exercise") as dsn:
-        async with AsyncQueue(dsn) as q:
-            await q.conn.execute(RECEIPTS)
-            ids = await q.enqueue_many(
-                [{"order_id": n} for n in range(1, JOBS + 1)], queue="emails", max_attempts=1
-            )
-            worker = AsyncWorker(
-                watched,
-                queue="emails",
-                dsn=dsn,
-                concurrency=JOBS,
-                batch=JOBS,
-                lease=30,
-                poll_interval=0.1,
-                listen=False,
-                burst=True,
-                name="exercise",
-            )
-            await worker.start()
-            await worker.join(timeout=30)
-            await worker.stop(grace=1)
-            cur = await q.conn.execute(
-                "SELECT id, status, last_error FROM jobs WHERE status <> 'done' ORDER BY id"
-            )
-            failed = await cur.fetchall()
-            cur = await q.conn.execute("SELECT order_id, job_id, fence FROM receipts")
-            receipts = await cur.fetchall()
-    hints = HINTS
-    if failed:
-        job_id, status, error = failed[0]
-        hints.expect(
-            status != "running",
-            "stuck",
-            f"job {job_id} was still running after 30 s",
-            "notify_customer must return: await send_email(...) once, write, and end",
+def _insert(conn: psycopg.Connection, queue: str, key: str | None) -> bool:
+    """Insert a ready job; False if a unique index refused it."""
+    try:
+        conn.execute(
+            f"INSERT INTO {TABLE} (queue, payload, key) VALUES (%s, '{{}}', %s)", [queue, key]
         )
-        expect(False, f"job {job_id} failed: {error} (fix notify_customer and run it again)")
-    hints.expect(
-        receipts,
-        "no-await",
-        f"all {JOBS} jobs are done, and the receipts table is empty",
-        "await job.fenced_write(...): without await the write is a coroutine that never runs",
-    )
-    hints.expect(
-        len(receipts) == JOBS,
-        "count",
-        f"{len(receipts)} receipts for {JOBS} orders",
-        'write one receipt per job, keyed by job.payload["order_id"]',
-    )
-    hints.expect(
-        {(order, job, fence) for order, job, fence in receipts}
-        == {(n, job_id, 1) for n, job_id in enumerate(ids, start=1)},
-        "keyed",
-        "the receipts' (order_id, job_id, fence) are not each job's own order, id and fence 1",
-        'job.fenced_write("receipts", {"order_id": job.payload["order_id"]}, {"body": ...}) '
-        "adds the job's id and fence itself",
-    )
-    span = max(ends) - min(starts)
-    hints.expect(
-        span < JOBS * IO / 2,
-        "blocking",
-        f"the {JOBS} handlers took {span:.1f} s from the first start to the last end, one "
-        f"after another ({JOBS} x {IO:g} s): something blocks the event loop",
-        "await the I/O (await send_email(...)), never time.sleep, so the others run meanwhile",
+        return True
+    except psycopg.errors.UniqueViolation:
+        return False
+
+
+def _together(dsn: str, queue: str, key: str, threads: int = 8) -> int:
+    """``threads`` connections insert a job with ``key`` at once; how many were added."""
+    start = threading.Barrier(threads)
+    added: list[bool] = []
+    errors: list[BaseException] = []
+
+    def insert() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                start.wait()
+                added.append(_insert(conn, queue, key))
+        except BaseException as exc:
+            errors.append(exc)
+            start.abort()
+
+    pool = [threading.Thread(target=insert) for _ in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return sum(added)
+
+
+def check_key_index(ddl: object, dsn: str) -> None:
+    """``ddl`` creates an index on ``my_jobs`` (a copy of ``jobs``) such that concurrent
+    enqueues of one key add one job, the key is held while the job is ready or running and
+    free once it is done, dead or cancelled, per queue, and jobs without a key never clash."""
+    expect(isinstance(ddl, str) and ddl.strip(), "KEY_INDEX should be a CREATE INDEX statement")
+    assert isinstance(ddl, str)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
+        conn.execute(f"CREATE TABLE {TABLE} (LIKE jobs INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
+        conn.execute(f"ALTER TABLE {TABLE} ADD PRIMARY KEY (id)")
+        try:
+            conn.execute(ddl)
+        except psycopg.Error as exc:
+            raise ExerciseFailed(f"the statement failed: {first_line(exc)}") from None
+        (indexes,) = conn.execute(
+            "SELECT count(*) FROM pg_indexes WHERE tablename = %s AND indexname NOT LIKE '%%_pkey'",
+            [TABLE],
+        ).fetchone() or (0,)
+        expect(indexes >= 1, f"no index was created on {TABLE}: write CREATE ... ON {TABLE}")
+
+        hints = HINTS
+        added = _together(dsn, "reports", "daily")
+        hints.expect(
+            added == 1,
+            "unique",
+            f"8 concurrent enqueues of key 'daily' on 'reports' added {added} jobs",
+            "only a unique index refuses the second: CREATE UNIQUE INDEX ... ON my_jobs (queue, "
+            "key)",
+        )
+        hints.expect(
+            _insert(conn, "emails", "daily"),
+            "per-queue",
+            "a job of the queue 'emails' was refused the key 'daily', which only a job of "
+            "'reports' holds",
+            "keys are per queue: the index covers (queue, key)",
+        )
+        hints.expect(
+            _insert(conn, "reports", None) and _insert(conn, "reports", None),
+            "null-key",
+            "two jobs without a key (key NULL) clashed",
+            "index the key itself: a unique index never counts two NULLs as equal (no COALESCE)",
+        )
+
+        def set_status(status: str) -> None:
+            conn.execute(
+                f"UPDATE {TABLE} SET status = %s WHERE queue = 'reports' AND key = 'daily' "
+                "AND status IN ('ready', 'running')",
+                [status],
+            )
+
+        set_status("running")
+        hints.expect(
+            not _insert(conn, "reports", "daily"),
+            "running",
+            "the job holding 'daily' started running, and a new job with the key 'daily' went in "
+            "beside it",
+            "a running job still holds its key: WHERE status IN ('ready', 'running')",
+        )
+        for ended in ("done", "dead", "cancelled"):
+            set_status(ended)
+            hints.expect(
+                _insert(conn, "reports", "daily"),
+                "ended",
+                f"the job holding 'daily' is {ended}, and a new job with the key was refused",
+                "make the index partial, over the live jobs only: WHERE status IN ('ready', "
+                "'running')",
+            )
+        (partial,) = conn.execute(
+            "SELECT count(*) FROM pg_indexes WHERE tablename = %s AND indexdef ILIKE '%%WHERE%%'",
+            [TABLE],
+        ).fetchone() or (0,)
+        conn.execute(f"DROP TABLE {TABLE}")
+    HINTS.expect(
+        partial >= 1,
+        "partial",
+        "your index holds every job, finished or not, though only live ones can clash",
+        "make it partial: ... WHERE status IN ('ready', 'running')",
     )
     passed(
-        f"{JOBS} receipts at fence 1, one per order; the {JOBS} handlers awaited their "
-        f"{IO:g} s of I/O together, not one after another"
+        "8 concurrent enqueues of one key added one job; the key is held while ready or "
+        "running, free once done, dead or cancelled; per queue; no clash without a key"
     )

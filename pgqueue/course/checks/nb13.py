@@ -1,137 +1,118 @@
-"""Checks for notebook 13: sizing a fleet of worker hosts against max_connections, with hints
-in tiers (the scenario and its right count first, the rule missed at the second slip)."""
+"""Checks for notebook 13, asyncio: an async handler that awaits its I/O and its write, with
+hints in tiers (what the run shows first, the fix at the second slip of a kind)."""
 
 from __future__ import annotations
 
 import inspect
-import numbers
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
+from ...async_job import AsyncJob
+from ...async_queue import AsyncQueue
+from ...async_worker import AsyncWorker
+from .. import lab
 from . import expect, passed
 from .tiers import Hints
 
 HINTS = Hints()
 
-# (hosts, threads, budget, pool, max_client_conn): the scenarios the answer must get right.
-SCENARIOS: list[tuple[int, int, int, int | None, int]] = [
-    (4, 6, 87, None, 1000),
-    (10, 4, 87, None, 1000),
-    (20, 4, 87, None, 1000),
-    (4, 6, 87, 20, 1000),
-    (4, 8, 87, 20, 500),
-    (4, 6, 22, 20, 1000),
-    (2, 4, 15, 20, 1000),
-    (3, 16, 200, 40, 2000),
-]
+RECEIPTS = """
+CREATE TABLE receipts (
+  order_id bigint PRIMARY KEY,
+  body     text   NOT NULL,
+  job_id   bigint NOT NULL,
+  fence    bigint NOT NULL
+)
+"""
+JOBS = 20  # as many as the worker runs at once: with awaited I/O they all wait together
+IO = 0.1  # seconds of I/O in the notebook's send_email
 
 
-def _expected(
-    hosts: int, threads: int, budget: int, pool: int | None = None, max_client_conn: int = 1000
-) -> int:
-    """The most worker processes each of ``hosts`` may run: each process has ``threads``
-    lanes, a keeper and a listener. Directly, every one of those is a server connection;
-    through PgBouncer the lanes and the keeper are its clients (at most ``max_client_conn``)
-    sharing ``pool`` server connections, and the listener is a direct connection."""
-    if pool is None:
-        return budget // (hosts * (threads + 2))
-    by_server = (budget - pool) // hosts
-    by_clients = max_client_conn // (hosts * (threads + 1))
-    return max(0, min(by_server, by_clients))
-
-
-def check_fleet(answer: object) -> None:
-    """The reader's ``processes_per_host`` gives the right count in every scenario."""
+async def check_async_handler(handler: Callable[[AsyncJob], Awaitable[Any]]) -> None:
+    """Run the reader's handler with an AsyncWorker (20 at once) on 20 jobs in a scratch
+    database: every job done, a receipt at fence 1 for each order, and the handlers
+    really waiting together (none blocking the event loop)."""
     expect(
-        callable(answer),
-        "define a function processes_per_host(hosts, threads, budget, pool=None, "
-        f"max_client_conn=1000), got {answer!r}",
+        inspect.iscoroutinefunction(handler),
+        "notify_customer should be an async def function: the AsyncWorker awaits it",
     )
-    assert callable(answer)
-    _check_signature(answer)
-    for hosts, threads, budget, pool, clients in SCENARIOS:
-        call = f"processes_per_host({hosts}, {threads}, {budget}" + (
-            f", pool={pool}, max_client_conn={clients})" if pool is not None else ")"
+    starts: list[float] = []
+    ends: list[float] = []
+
+    async def watched(job: AsyncJob) -> Any:
+        starts.append(time.monotonic())
+        try:
+            return await handler(job)
+        finally:
+            ends.append(time.monotonic())
+
+    with lab.scratch_database("course_12_exercise") as dsn:
+        async with AsyncQueue(dsn) as q:
+            await q.conn.execute(RECEIPTS)
+            ids = await q.enqueue_many(
+                [{"order_id": n} for n in range(1, JOBS + 1)], queue="emails", max_attempts=1
+            )
+            worker = AsyncWorker(
+                watched,
+                queue="emails",
+                dsn=dsn,
+                concurrency=JOBS,
+                batch=JOBS,
+                lease=30,
+                poll_interval=0.1,
+                listen=False,
+                burst=True,
+                name="exercise",
+            )
+            await worker.start()
+            await worker.join(timeout=30)
+            await worker.stop(grace=1)
+            cur = await q.conn.execute(
+                "SELECT id, status, last_error FROM jobs WHERE status <> 'done' ORDER BY id"
+            )
+            failed = await cur.fetchall()
+            cur = await q.conn.execute("SELECT order_id, job_id, fence FROM receipts")
+            receipts = await cur.fetchall()
+    hints = HINTS
+    if failed:
+        job_id, status, error = failed[0]
+        hints.expect(
+            status != "running",
+            "stuck",
+            f"job {job_id} was still running after 30 s",
+            "notify_customer must return: await send_email(...) once, write, and end",
         )
-        got = (
-            answer(hosts, threads, budget)
-            if pool is None
-            else answer(hosts, threads, budget, pool=pool, max_client_conn=clients)
-        )
-        expect(
-            isinstance(got, numbers.Integral) and not isinstance(got, bool),
-            f"{call} returned {got!r}: a count of processes is a whole number (round down, //)",
-        )
-        assert isinstance(got, numbers.Integral)
-        want = _expected(hosts, threads, budget, pool, clients)
-        if got != want:
-            raise_hint(call, int(got), want, hosts, threads, budget, pool, clients)
+        expect(False, f"job {job_id} failed: {error} (fix notify_customer and run it again)")
+    hints.expect(
+        receipts,
+        "no-await",
+        f"all {JOBS} jobs are done, and the receipts table is empty",
+        "await job.fenced_write(...): without await the write is a coroutine that never runs",
+    )
+    hints.expect(
+        len(receipts) == JOBS,
+        "count",
+        f"{len(receipts)} receipts for {JOBS} orders",
+        'write one receipt per job, keyed by job.payload["order_id"]',
+    )
+    hints.expect(
+        {(order, job, fence) for order, job, fence in receipts}
+        == {(n, job_id, 1) for n, job_id in enumerate(ids, start=1)},
+        "keyed",
+        "the receipts' (order_id, job_id, fence) are not each job's own order, id and fence 1",
+        'job.fenced_write("receipts", {"order_id": job.payload["order_id"]}, {"body": ...}) '
+        "adds the job's id and fence itself",
+    )
+    span = max(ends) - min(starts)
+    hints.expect(
+        span < JOBS * IO / 2,
+        "blocking",
+        f"the {JOBS} handlers took {span:.1f} s from the first start to the last end, one "
+        f"after another ({JOBS} x {IO:g} s): something blocks the event loop",
+        "await the I/O (await send_email(...)), never time.sleep, so the others run meanwhile",
+    )
     passed(
-        f"processes_per_host holds in all {len(SCENARIOS)} scenarios, directly and "
-        "through PgBouncer"
-    )
-
-
-def raise_hint(
-    call: str,
-    got: int,
-    want: int,
-    hosts: int,
-    threads: int,
-    budget: int,
-    pool: int | None,
-    clients: int,
-) -> None:
-    """Fail with the symptom of the likely mistake behind ``got``, and its rule at the
-    second slip of that kind."""
-    kind, rule = "other", "count each process's connections again"
-    if got < 0:
-        kind, rule = "negative", "when the pool alone exceeds the budget no process fits: 0"
-    elif pool is None:
-        if got in (budget // (hosts * threads), budget // (hosts * (threads + 1))):
-            kind, rule = (
-                "direct",
-                (
-                    "each process opens threads + 2 connections: its lanes, the keeper "
-                    "(heartbeats, reaper) and the listener (LISTEN)"
-                ),
-            )
-    else:
-        direct = budget // (hosts * (threads + 2))
-        if got == direct:
-            kind, rule = (
-                "pooled",
-                (
-                    "through PgBouncer the lanes and keepers share the pool's server "
-                    "connections: only the pool and the listeners count against the budget"
-                ),
-            )
-        elif got == clients // (hosts * (threads + 1)):
-            kind, rule = (
-                "listeners",
-                (
-                    "the listeners bypass PgBouncer (--listen-dsn): each process holds one "
-                    "server connection of its own beside the pool"
-                ),
-            )
-        elif got == (budget - pool) // hosts:
-            kind, rule = (
-                "clients",
-                ("every lane and keeper is a client of PgBouncer: max_client_conn bounds them"),
-            )
-        elif got == min((budget - pool) // hosts, clients // (hosts * (threads + 2))):
-            kind, rule = (
-                "listener-client",
-                ("the listener is no client of PgBouncer: only lanes and the keeper are"),
-            )
-    HINTS.fail(kind, f"{call} returned {got}; the most that fit is {want}", rule)
-
-
-def _check_signature(answer: Callable[..., object]) -> None:
-    try:
-        params = inspect.signature(answer).parameters
-    except (TypeError, ValueError):
-        return
-    expect(
-        {"pool", "max_client_conn"} <= set(params),
-        "processes_per_host needs the keyword arguments pool=None and max_client_conn=1000",
+        f"{JOBS} receipts at fence 1, one per order; the {JOBS} handlers awaited their "
+        f"{IO:g} s of I/O together, not one after another"
     )

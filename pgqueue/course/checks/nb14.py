@@ -1,174 +1,137 @@
-"""Checks for notebook 14: the reader's tick, one statement that makes a slot's job only if
-no other tick made it, raced live by two connections."""
+"""Checks for notebook 14: sizing a fleet of worker hosts against max_connections, with hints
+in tiers (the scenario and its right count first, the rule missed at the second slip)."""
 
 from __future__ import annotations
 
-import threading
-import uuid
-from datetime import datetime, timedelta, timezone
-from typing import Any
+import inspect
+import numbers
+from collections.abc import Callable
 
-import psycopg
-
-from ...db import first_line
 from . import expect, passed
 from .tiers import Hints
 
-TABLE = "my_slots"
-SLOTS_DDL = f"""
-DROP TABLE IF EXISTS {TABLE};
-CREATE TABLE {TABLE} (
-  schedule text        NOT NULL,
-  slot     timestamptz NOT NULL,
-  job_id   bigint      NOT NULL,
-  PRIMARY KEY (schedule, slot)
-)
-"""
-TICK_HINTS = Hints()
+HINTS = Hints()
+
+# (hosts, threads, budget, pool, max_client_conn): the scenarios the answer must get right.
+SCENARIOS: list[tuple[int, int, int, int | None, int]] = [
+    (4, 6, 87, None, 1000),
+    (10, 4, 87, None, 1000),
+    (20, 4, 87, None, 1000),
+    (4, 6, 87, 20, 1000),
+    (4, 8, 87, 20, 500),
+    (4, 6, 22, 20, 1000),
+    (2, 4, 15, 20, 1000),
+    (3, 16, 200, 40, 2000),
+]
 
 
-def _counts(conn: psycopg.Connection, schedule: str, slot: datetime) -> tuple[int, int, int]:
-    """(jobs for the slot, slot rows, slot rows naming one of those jobs)."""
-    row = conn.execute(
-        f"""
-        SELECT (SELECT count(*) FROM jobs WHERE payload->>'schedule' = %(s)s
-                  AND (payload->>'slot')::timestamptz = %(t)s),
-               (SELECT count(*) FROM {TABLE} WHERE schedule = %(s)s AND slot = %(t)s),
-               (SELECT count(*) FROM {TABLE} AS m JOIN jobs AS j ON j.id = m.job_id
-                WHERE m.schedule = %(s)s AND m.slot = %(t)s
-                  AND j.payload->>'schedule' = %(s)s)
-        """,
-        {"s": schedule, "t": slot},
-    ).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1]), int(row[2])
+def _expected(
+    hosts: int, threads: int, budget: int, pool: int | None = None, max_client_conn: int = 1000
+) -> int:
+    """The most worker processes each of ``hosts`` may run: each process has ``threads``
+    lanes, a keeper and a listener. Directly, every one of those is a server connection;
+    through PgBouncer the lanes and the keeper are its clients (at most ``max_client_conn``)
+    sharing ``pool`` server connections, and the listener is a direct connection."""
+    if pool is None:
+        return budget // (hosts * (threads + 2))
+    by_server = (budget - pool) // hosts
+    by_clients = max_client_conn // (hosts * (threads + 1))
+    return max(0, min(by_server, by_clients))
 
 
-def _race(dsn: str, statement: str, params: dict[str, Any]) -> tuple[bool, BaseException | None]:
-    """Ticker A sends the statement in a transaction and waits; ticker B sends it too. A
-    commits after 0.5 s. Whether B had to wait for A, and B's error (None: it ran)."""
-    done = threading.Event()
-    outcome: list[BaseException | None] = []
-
-    def second() -> None:
-        try:
-            with psycopg.connect(dsn, autocommit=True) as b:
-                b.execute("SET lock_timeout = '5s'")
-                b.execute(statement, params)  # type: ignore[arg-type]
-            outcome.append(None)
-        except BaseException as exc:
-            outcome.append(exc)
-        done.set()
-
-    with psycopg.connect(dsn) as a:
-        try:
-            a.execute(statement, params)  # type: ignore[arg-type]
-        except psycopg.Error as exc:
-            TICK_HINTS.fail(
-                "sql",
-                f"PostgreSQL refused your statement: {first_line(exc)}",
-                "one statement with %(schedule)s and %(slot)s; a WITH ... INSERT ... RETURNING "
-                "can feed a second INSERT in the same statement",
-            )
-        except (KeyError, TypeError) as exc:
-            expect(False, f"your statement asks for a parameter the check does not pass ({exc}): "
-                   "use %(schedule)s and %(slot)s")  # fmt: skip
-        thread = threading.Thread(target=second, daemon=True)
-        thread.start()
-        waited = not done.wait(0.5)
-        a.commit()
-    thread.join(10)
+def check_fleet(answer: object) -> None:
+    """The reader's ``processes_per_host`` gives the right count in every scenario."""
     expect(
-        outcome, "the second ticker's statement did not finish within 10 s of the first's commit"
+        callable(answer),
+        "define a function processes_per_host(hosts, threads, budget, pool=None, "
+        f"max_client_conn=1000), got {answer!r}",
     )
-    return waited, outcome[0]
-
-
-def check_tick(statement: object, dsn: str) -> None:
-    """Run the reader's ``TICK`` (parameters %(schedule)s and %(slot)s) as two workers
-    ticking the same slot at the same moment, then as a stale worker ticking it later, then
-    for the next slot: one job per slot, named by its row in ``my_slots``, and the loser
-    of the race makes nothing, quietly."""
-    expect(
-        isinstance(statement, str) and "insert" in statement.lower(),
-        "TICK should be a text holding one statement that INSERTs the slot row and the job",
-    )
-    assert isinstance(statement, str)
-    schedule = f"check-{uuid.uuid4().hex[:8]}"
-    slot = datetime.now(timezone.utc).replace(microsecond=0)
-    params = {"schedule": schedule, "slot": slot}
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(SLOTS_DDL)
-        try:
-            waited, error = _race(dsn, statement, params)
-            if isinstance(error, psycopg.errors.UniqueViolation):
-                TICK_HINTS.fail(
-                    "unique-error",
-                    "the second ticker's statement failed with a unique_violation on my_slots: "
-                    "the worker that loses the race must make nothing, quietly (a real worker "
-                    "would log an error on every tick)",
-                    "INSERT INTO my_slots ... ON CONFLICT (schedule, slot) DO NOTHING",
-                )
-            if error is not None:
-                expect(False, f"the second ticker's statement failed: {error}")
-            jobs, slot_rows, named = _counts(conn, schedule, slot)
-            TICK_HINTS.expect(
-                jobs > 0,
-                "no-job",
-                f"two ticks of slot {slot:%H:%M:%S} made no job in jobs",
-                "INSERT INTO jobs (id, queue, payload) with payload "
-                "jsonb_build_object('schedule', %(schedule)s::text, 'slot', %(slot)s) "
-                "(the check finds the jobs by those two keys)",
-            )
-            TICK_HINTS.expect(
-                slot_rows == 1,
-                "no-slot-row",
-                f"two ticks of one slot left {slot_rows} rows in my_slots and {jobs} job(s): "
-                "each slot's job needs its row in my_slots, whose primary key is the decision",
-                "INSERT INTO my_slots (schedule, slot, job_id) VALUES (%(schedule)s, "
-                "%(slot)s, nextval('jobs_id_seq'))",
-            )
-            TICK_HINTS.expect(
-                jobs == 1,
-                "job-despite-conflict",
-                f"two workers ticking slot {slot:%H:%M:%S} at the same moment made {jobs} jobs "
-                "and my_slots kept one row: the loser's job was made although its slot row "
-                "was refused",
-                "make the job FROM the slot insert's RETURNING: WITH taken AS (INSERT INTO "
-                "my_slots ... ON CONFLICT DO NOTHING RETURNING job_id, slot) INSERT INTO jobs "
-                "... SELECT ... FROM taken",
-            )
-            TICK_HINTS.expect(
-                named == 1,
-                "job-id",
-                "the slot's row in my_slots does not name the job that was made (job_id should "
-                "be that job's id)",
-                "take the id once, nextval('jobs_id_seq') in the slot row, and insert the job "
-                "with id = the job_id that RETURNING gives back",
-            )
-            # A stale worker, its plan made before the others wrote, ticks the slot later.
-            conn.execute(statement, params)  # type: ignore[arg-type]
-            again = _counts(conn, schedule, slot)[0]
-            TICK_HINTS.expect(
-                again == 1,
-                "job-despite-conflict",
-                f"a stale worker ticking slot {slot:%H:%M:%S} once more made a second job",
-                "make the job only from the slot rows the insert returned (ON CONFLICT DO "
-                "NOTHING returns none)",
-            )
-            following = {"schedule": schedule, "slot": slot + timedelta(seconds=1)}
-            conn.execute(statement, following)  # type: ignore[arg-type]
-            made_next = _counts(conn, schedule, following["slot"])[0]
-            expect(
-                made_next == 1,
-                f"the next slot ({following['slot']:%H:%M:%S}) made {made_next} jobs, not one: "
-                "each slot gets its own job",
-            )
-        finally:
-            conn.execute("DELETE FROM jobs WHERE payload->>'schedule' = %s", [schedule])
-            conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
+    assert callable(answer)
+    _check_signature(answer)
+    for hosts, threads, budget, pool, clients in SCENARIOS:
+        call = f"processes_per_host({hosts}, {threads}, {budget}" + (
+            f", pool={pool}, max_client_conn={clients})" if pool is not None else ")"
+        )
+        got = (
+            answer(hosts, threads, budget)
+            if pool is None
+            else answer(hosts, threads, budget, pool=pool, max_client_conn=clients)
+        )
+        expect(
+            isinstance(got, numbers.Integral) and not isinstance(got, bool),
+            f"{call} returned {got!r}: a count of processes is a whole number (round down, //)",
+        )
+        assert isinstance(got, numbers.Integral)
+        want = _expected(hosts, threads, budget, pool, clients)
+        if got != want:
+            raise_hint(call, int(got), want, hosts, threads, budget, pool, clients)
     passed(
-        "two ticks of one slot at the same moment made one job (the second "
-        f"{'waited for the first, then ' if waited else ''}made nothing, quietly); a stale "
-        "tick later made none; the next slot made its own"
+        f"processes_per_host holds in all {len(SCENARIOS)} scenarios, directly and "
+        "through PgBouncer"
+    )
+
+
+def raise_hint(
+    call: str,
+    got: int,
+    want: int,
+    hosts: int,
+    threads: int,
+    budget: int,
+    pool: int | None,
+    clients: int,
+) -> None:
+    """Fail with the symptom of the likely mistake behind ``got``, and its rule at the
+    second slip of that kind."""
+    kind, rule = "other", "count each process's connections again"
+    if got < 0:
+        kind, rule = "negative", "when the pool alone exceeds the budget no process fits: 0"
+    elif pool is None:
+        if got in (budget // (hosts * threads), budget // (hosts * (threads + 1))):
+            kind, rule = (
+                "direct",
+                (
+                    "each process opens threads + 2 connections: its lanes, the keeper "
+                    "(heartbeats, reaper) and the listener (LISTEN)"
+                ),
+            )
+    else:
+        direct = budget // (hosts * (threads + 2))
+        if got == direct:
+            kind, rule = (
+                "pooled",
+                (
+                    "through PgBouncer the lanes and keepers share the pool's server "
+                    "connections: only the pool and the listeners count against the budget"
+                ),
+            )
+        elif got == clients // (hosts * (threads + 1)):
+            kind, rule = (
+                "listeners",
+                (
+                    "the listeners bypass PgBouncer (--listen-dsn): each process holds one "
+                    "server connection of its own beside the pool"
+                ),
+            )
+        elif got == (budget - pool) // hosts:
+            kind, rule = (
+                "clients",
+                ("every lane and keeper is a client of PgBouncer: max_client_conn bounds them"),
+            )
+        elif got == min((budget - pool) // hosts, clients // (hosts * (threads + 2))):
+            kind, rule = (
+                "listener-client",
+                ("the listener is no client of PgBouncer: only lanes and the keeper are"),
+            )
+    HINTS.fail(kind, f"{call} returned {got}; the most that fit is {want}", rule)
+
+
+def _check_signature(answer: Callable[..., object]) -> None:
+    try:
+        params = inspect.signature(answer).parameters
+    except (TypeError, ValueError):
+        return
+    expect(
+        {"pool", "max_client_conn"} <= set(params),
+        "processes_per_host needs the keyword arguments pool=None and max_client_conn=1000",
     )

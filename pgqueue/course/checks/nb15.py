@@ -1,308 +1,174 @@
-"""Checks for notebook 15: the reader's step write (one statement that checks the claim and
-stores the step), and a claim loop's finish that writes its result and completes the job in
-one transaction. Both run against the notebook's database, on jobs the check makes."""
+"""Checks for notebook 15: the reader's tick, one statement that makes a slot's job only if
+no other tick made it, raced live by two connections."""
 
 from __future__ import annotations
 
-import contextlib
-import time
+import threading
 import uuid
-from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 
 from ...db import first_line
-from ...errors import LeaseLost
-from ...job import Job
-from ...queue import Queue
-from ..steps_lab import INVOICES
 from . import expect, passed
 from .tiers import Hints
 
-STEP_HINTS = Hints()
-FINISH_HINTS = Hints()
+TABLE = "my_slots"
+SLOTS_DDL = f"""
+DROP TABLE IF EXISTS {TABLE};
+CREATE TABLE {TABLE} (
+  schedule text        NOT NULL,
+  slot     timestamptz NOT NULL,
+  job_id   bigint      NOT NULL,
+  PRIMARY KEY (schedule, slot)
+)
+"""
+TICK_HINTS = Hints()
 
 
-class _Jobs:
-    """Jobs of a queue of the check's own, removed (with their steps) at the end."""
-
-    def __init__(self, dsn: str) -> None:
-        self.dsn = dsn
-        self.queue = f"check-{uuid.uuid4().hex[:8]}"
-        self.q = Queue(dsn)
-
-    def claim(self, lease: float = 30) -> Job:
-        self.q.enqueue({}, queue=self.queue)
-        [job] = self.q.claim(self.queue, lease=lease)
-        return job
-
-    def take_over(self, job: Job) -> Job:
-        """End ``job``'s claim as a pause past its lease does, and claim it again."""
-        self.q.conn.execute(
-            "UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id = %s", [job.id]
-        )
-        self.q.reap()
-        [holder] = self.q.claim(self.queue, lease=30)
-        return holder
-
-    def close(self) -> None:
-        conn = self.q.conn
-        conn.execute(
-            "DELETE FROM pgqueue_steps WHERE job_id IN (SELECT id FROM jobs WHERE queue = %s)",
-            [self.queue],
-        )
-        conn.execute("DELETE FROM jobs WHERE queue = %s", [self.queue])
-        self.q.close()
-
-
-def _stored(conn: psycopg.Connection, job_id: int, name: str) -> tuple[Any, int] | None:
+def _counts(conn: psycopg.Connection, schedule: str, slot: datetime) -> tuple[int, int, int]:
+    """(jobs for the slot, slot rows, slot rows naming one of those jobs)."""
     row = conn.execute(
-        "SELECT output, fence FROM pgqueue_steps WHERE job_id = %s AND name = %s", [job_id, name]
+        f"""
+        SELECT (SELECT count(*) FROM jobs WHERE payload->>'schedule' = %(s)s
+                  AND (payload->>'slot')::timestamptz = %(t)s),
+               (SELECT count(*) FROM {TABLE} WHERE schedule = %(s)s AND slot = %(t)s),
+               (SELECT count(*) FROM {TABLE} AS m JOIN jobs AS j ON j.id = m.job_id
+                WHERE m.schedule = %(s)s AND m.slot = %(t)s
+                  AND j.payload->>'schedule' = %(s)s)
+        """,
+        {"s": schedule, "t": slot},
     ).fetchone()
-    return None if row is None else (row[0], int(row[1]))
+    assert row is not None
+    return int(row[0]), int(row[1]), int(row[2])
 
 
-def check_step_put(statement: object, dsn: str) -> None:
-    """Run the reader's ``STEP_PUT`` (parameters %(job)s, %(fence)s, %(name)s, %(output)s):
-    the holder's write is stored with its fence, a second write of a step keeps the first,
-    a stale holder, a lease run out (even within a transaction begun before), a done job
-    store nothing, and the check holds the job row until the write's transaction ends."""
-    expect(
-        isinstance(statement, str) and "insert" in statement.lower(),
-        "STEP_PUT should be a text holding one INSERT INTO pgqueue_steps ... statement",
-    )
-    assert isinstance(statement, str)
-    jobs = _Jobs(dsn)
-    conn = jobs.q.conn
+def _race(dsn: str, statement: str, params: dict[str, Any]) -> tuple[bool, BaseException | None]:
+    """Ticker A sends the statement in a transaction and waits; ticker B sends it too. A
+    commits after 0.5 s. Whether B had to wait for A, and B's error (None: it ran)."""
+    done = threading.Event()
+    outcome: list[BaseException | None] = []
 
-    def put(job: Job, name: str, output: Any, on: psycopg.Connection = conn) -> None:
-        params = {"job": job.id, "fence": job.fence, "name": name, "output": Jsonb(output)}
+    def second() -> None:
         try:
-            on.execute(statement, params)  # type: ignore[arg-type]
-        except psycopg.errors.UniqueViolation:
-            STEP_HINTS.fail(
-                "unique-error",
-                f"writing step {name!r} a second time raised a unique_violation: a step already "
-                "stored must stay as it is, quietly (a lost reply makes a worker write twice)",
-                "ON CONFLICT (job_id, name) DO NOTHING",
-            )
+            with psycopg.connect(dsn, autocommit=True) as b:
+                b.execute("SET lock_timeout = '5s'")
+                b.execute(statement, params)  # type: ignore[arg-type]
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+        done.set()
+
+    with psycopg.connect(dsn) as a:
+        try:
+            a.execute(statement, params)  # type: ignore[arg-type]
         except psycopg.Error as exc:
-            STEP_HINTS.fail(
+            TICK_HINTS.fail(
                 "sql",
                 f"PostgreSQL refused your statement: {first_line(exc)}",
-                "INSERT INTO pgqueue_steps (job_id, name, output, fence, written_at) "
-                "SELECT ... FROM jobs WHERE ...",
+                "one statement with %(schedule)s and %(slot)s; a WITH ... INSERT ... RETURNING "
+                "can feed a second INSERT in the same statement",
             )
         except (KeyError, TypeError) as exc:
             expect(False, f"your statement asks for a parameter the check does not pass ({exc}): "
-                   "use %(job)s, %(fence)s, %(name)s and %(output)s")  # fmt: skip
-
-    try:
-        # 1. The holder stores a step, with its fence.
-        holder = jobs.claim()
-        put(holder, "charge", {"charge_id": "ch_1"})
-        got = _stored(conn, holder.id, "charge")
-        STEP_HINTS.expect(
-            got is not None,
-            "holder-refused",
-            f"the holder of job {holder.id} (running, fence {holder.fence}, lease 30 s ahead) "
-            "stored nothing",
-            "INSERT INTO pgqueue_steps ... SELECT id, %(name)s, %(output)s, fence, "
-            "clock_timestamp() FROM jobs WHERE id = %(job)s AND ...",
-        )
-        assert got is not None
-        expect(
-            got == ({"charge_id": "ch_1"}, holder.fence),
-            f"the stored step is {got}, not the output with the holder's fence "
-            f"({{'charge_id': 'ch_1'}}, {holder.fence})",
-        )
-        # 2. The same step again: the first output stays.
-        put(holder, "charge", {"charge_id": "ch_2"})
-        STEP_HINTS.expect(
-            _stored(conn, holder.id, "charge") == got,
-            "overwrite",
-            "writing step 'charge' again replaced its stored output: a step once stored is "
-            "the answer for every later attempt",
-            "ON CONFLICT (job_id, name) DO NOTHING, not DO UPDATE",
-        )
-        # 3. A stale holder: the job was taken over.
-        stale = jobs.claim()
-        current = jobs.take_over(stale)
-        put(stale, "ship", "stale")
-        STEP_HINTS.expect(
-            _stored(conn, stale.id, "ship") is None,
-            "fence",
-            f"a stale holder (fence {stale.fence}; job {stale.id} is held with fence "
-            f"{current.fence} now) stored step 'ship'",
-            "check the claim in jobs: AND fence = %(fence)s AND status = 'running'",
-        )
-        # 4. A done job.
-        done = jobs.claim()
-        jobs.q.complete(done)
-        put(done, "ship", "late")
-        STEP_HINTS.expect(
-            _stored(conn, done.id, "ship") is None,
-            "status",
-            f"job {done.id} is done (its fence is still {done.fence}), yet a step was stored",
-            "AND status = 'running'",
-        )
-        # 5. A lease run out, nobody has reaped it yet.
-        expired = jobs.claim()
-        conn.execute(
-            "UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id = %s", [expired.id]
-        )
-        put(expired, "ship", "expired")
-        STEP_HINTS.expect(
-            _stored(conn, expired.id, "ship") is None,
-            "lease",
-            f"job {expired.id} is still 'running' with this fence, but its lease ran out a "
-            "second ago, and the step was stored",
-            "AND lease_until > clock_timestamp()",
-        )
-        # 6. The lease runs out during a transaction begun before: now() is its start.
-        slow = jobs.claim()
-        conn.execute(
-            "UPDATE jobs SET lease_until = clock_timestamp() + interval '0.3 seconds' "
-            "WHERE id = %s",
-            [slow.id],
-        )
-        with psycopg.connect(dsn) as tx:
-            tx.execute("SELECT now()")  # the transaction (and its now()) begins here
-            time.sleep(0.45)  # the lease runs out
-            put(slow, "ship", "after its lease", on=tx)
-            tx.commit()
-        STEP_HINTS.expect(
-            _stored(conn, slow.id, "ship") is None,
-            "now",
-            f"in a transaction begun while job {slow.id}'s lease still ran, a step written "
-            "after the lease ran out was stored",
-            "now() is the time the transaction began; compare with clock_timestamp()",
-        )
-        # 7. The check holds the job row until the write's transaction ends.
-        locked = jobs.claim()
-        with psycopg.connect(dsn) as tx, psycopg.connect(dsn, autocommit=True) as other:
-            put(locked, "charge", "held", on=tx)
-            other.execute("SET lock_timeout = '300ms'")
-            try:
-                other.execute(
-                    "UPDATE jobs SET status = 'cancelled', fence = fence + 1 WHERE id = %s",
-                    [locked.id],
-                )
-                slipped = True
-            except psycopg.errors.LockNotAvailable:
-                slipped = False
-            tx.commit()
-        key_share = "key share" in " ".join(statement.lower().split())
-        STEP_HINTS.expect(
-            not slipped,
-            "key-share" if key_share else "lock",
-            f"while your step write's transaction was still open, a cancel of job {locked.id} "
-            "went through: the claim could end between your check and the commit",
-            "FOR KEY SHARE lets an UPDATE of non-key columns (a cancel, a fail, a reap) "
-            "through: lock the row FOR SHARE"
-            if key_share
-            else "lock the job row in the check: ... FROM jobs WHERE ... FOR SHARE",
-        )
-    finally:
-        jobs.close()
-    passed(
-        "your step write stored the holder's output with its fence and kept it on a second "
-        "write; refused a stale holder, a done job and a lease run out (inside an older "
-        "transaction too); and held the job row until its transaction ended"
+                   "use %(schedule)s and %(slot)s")  # fmt: skip
+        thread = threading.Thread(target=second, daemon=True)
+        thread.start()
+        waited = not done.wait(0.5)
+        a.commit()
+    thread.join(10)
+    expect(
+        outcome, "the second ticker's statement did not finish within 10 s of the first's commit"
     )
+    return waited, outcome[0]
 
 
-def check_finish(finish: Callable[[Queue, Job, int], Any], dsn: str) -> None:
-    """Run the reader's ``finish(q, job, cents)``: the holder's invoice and completion both
-    commit; a stale holder leaves neither (and is told: ``False`` or ``LeaseLost``); an
-    invoice that fails to insert leaves the job running, not done without its invoice."""
-    expect(callable(finish), "finish should be a function finish(q, job, cents)")
-    jobs = _Jobs(dsn)
-    q = jobs.q
-    q.conn.execute(INVOICES)
-
-    def invoice(job: Job) -> Any:
-        return q.conn.execute("SELECT cents FROM invoices WHERE job_id = %s", [job.id]).fetchone()
-
-    def status(job: Job) -> str:
-        state = q.get(job.id)
-        assert state is not None
-        return state.status
-
-    try:
-        # 1. The holder: both commit.
-        holder = jobs.claim()
-        outcome = finish(q, holder, 500)
-        FINISH_HINTS.expect(
-            invoice(holder) == (500,),
-            "no-invoice",
-            f"after finish(q, job, 500) the invoices table has {invoice(holder)} for job "
-            f"{holder.id}, not (500,)",
-            "q.conn.execute('INSERT INTO invoices (job_id, cents) VALUES (%s, %s)', "
-            "[job.id, cents])",
-        )
-        FINISH_HINTS.expect(
-            status(holder) == "done",
-            "not-done",
-            f"after finish the job is {status(holder)!r}, not 'done'",
-            "q.complete(job) inside the same transaction as the insert",
-        )
-        expect(
-            q.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE,
-            "finish left a transaction open on q.conn: end it (a with q.conn.transaction(): "
-            "block commits at its end)",
-        )
-        expect(outcome is not False, "finish returned False for the current holder")
-        # 2. A stale holder: neither.
-        stale = jobs.claim()
-        jobs.take_over(stale)
+def check_tick(statement: object, dsn: str) -> None:
+    """Run the reader's ``TICK`` (parameters %(schedule)s and %(slot)s) as two workers
+    ticking the same slot at the same moment, then as a stale worker ticking it later, then
+    for the next slot: one job per slot, named by its row in ``my_slots``, and the loser
+    of the race makes nothing, quietly."""
+    expect(
+        isinstance(statement, str) and "insert" in statement.lower(),
+        "TICK should be a text holding one statement that INSERTs the slot row and the job",
+    )
+    assert isinstance(statement, str)
+    schedule = f"check-{uuid.uuid4().hex[:8]}"
+    slot = datetime.now(timezone.utc).replace(microsecond=0)
+    params = {"schedule": schedule, "slot": slot}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(SLOTS_DDL)
         try:
-            told = finish(q, stale, 700) is False
-        except LeaseLost:
-            told = True
-        FINISH_HINTS.expect(
-            invoice(stale) is None,
-            "stale-invoice",
-            f"a stale holder's finish (job {stale.id} taken over, its complete refused) left "
-            f"its invoice {invoice(stale)} behind",
-            "one transaction for both, `with q.conn.transaction():`, and raise inside it "
-            "(e.g. pgqueue.LeaseLost) when q.complete(job) returns False: the raise rolls the "
-            "insert back",
-        )
-        FINISH_HINTS.expect(
-            told,
-            "not-told",
-            "a stale holder's finish wrote nothing but did not say so",
-            "return False, or let pgqueue.LeaseLost out, when q.complete(job) returns False",
-        )
-        expect(
-            status(stale) == "running",
-            f"after the stale holder's finish job {stale.id} is {status(stale)!r}; its new "
-            "holder still runs it",
-        )
-        # 3. The invoice fails (cents < 0 breaks a CHECK): the job must not end done.
-        broken = jobs.claim()
-        with contextlib.suppress(psycopg.errors.CheckViolation):
-            finish(q, broken, -1)
-        if q.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            q.conn.rollback()
-        FINISH_HINTS.expect(
-            status(broken) == "running" and invoice(broken) is None,
-            "split",
-            f"the invoice insert of job {broken.id} failed, and the job is "
-            f"{status(broken)!r}: a crash between the two writes would leave a done job with "
-            "no invoice",
-            "put the insert and q.complete(job) in one `with q.conn.transaction():` block",
-        )
-    finally:
-        q.conn.execute(
-            "DELETE FROM invoices WHERE job_id IN (SELECT id FROM jobs WHERE queue = %s)",
-            [jobs.queue],
-        )
-        jobs.close()
+            waited, error = _race(dsn, statement, params)
+            if isinstance(error, psycopg.errors.UniqueViolation):
+                TICK_HINTS.fail(
+                    "unique-error",
+                    "the second ticker's statement failed with a unique_violation on my_slots: "
+                    "the worker that loses the race must make nothing, quietly (a real worker "
+                    "would log an error on every tick)",
+                    "INSERT INTO my_slots ... ON CONFLICT (schedule, slot) DO NOTHING",
+                )
+            if error is not None:
+                expect(False, f"the second ticker's statement failed: {error}")
+            jobs, slot_rows, named = _counts(conn, schedule, slot)
+            TICK_HINTS.expect(
+                jobs > 0,
+                "no-job",
+                f"two ticks of slot {slot:%H:%M:%S} made no job in jobs",
+                "INSERT INTO jobs (id, queue, payload) with payload "
+                "jsonb_build_object('schedule', %(schedule)s::text, 'slot', %(slot)s) "
+                "(the check finds the jobs by those two keys)",
+            )
+            TICK_HINTS.expect(
+                slot_rows == 1,
+                "no-slot-row",
+                f"two ticks of one slot left {slot_rows} rows in my_slots and {jobs} job(s): "
+                "each slot's job needs its row in my_slots, whose primary key is the decision",
+                "INSERT INTO my_slots (schedule, slot, job_id) VALUES (%(schedule)s, "
+                "%(slot)s, nextval('jobs_id_seq'))",
+            )
+            TICK_HINTS.expect(
+                jobs == 1,
+                "job-despite-conflict",
+                f"two workers ticking slot {slot:%H:%M:%S} at the same moment made {jobs} jobs "
+                "and my_slots kept one row: the loser's job was made although its slot row "
+                "was refused",
+                "make the job FROM the slot insert's RETURNING: WITH taken AS (INSERT INTO "
+                "my_slots ... ON CONFLICT DO NOTHING RETURNING job_id, slot) INSERT INTO jobs "
+                "... SELECT ... FROM taken",
+            )
+            TICK_HINTS.expect(
+                named == 1,
+                "job-id",
+                "the slot's row in my_slots does not name the job that was made (job_id should "
+                "be that job's id)",
+                "take the id once, nextval('jobs_id_seq') in the slot row, and insert the job "
+                "with id = the job_id that RETURNING gives back",
+            )
+            # A stale worker, its plan made before the others wrote, ticks the slot later.
+            conn.execute(statement, params)  # type: ignore[arg-type]
+            again = _counts(conn, schedule, slot)[0]
+            TICK_HINTS.expect(
+                again == 1,
+                "job-despite-conflict",
+                f"a stale worker ticking slot {slot:%H:%M:%S} once more made a second job",
+                "make the job only from the slot rows the insert returned (ON CONFLICT DO "
+                "NOTHING returns none)",
+            )
+            following = {"schedule": schedule, "slot": slot + timedelta(seconds=1)}
+            conn.execute(statement, following)  # type: ignore[arg-type]
+            made_next = _counts(conn, schedule, following["slot"])[0]
+            expect(
+                made_next == 1,
+                f"the next slot ({following['slot']:%H:%M:%S}) made {made_next} jobs, not one: "
+                "each slot gets its own job",
+            )
+        finally:
+            conn.execute("DELETE FROM jobs WHERE payload->>'schedule' = %s", [schedule])
+            conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
     passed(
-        "the holder's invoice and completion committed together; a stale holder left neither "
-        "and was told; a failed insert left the job running for a retry"
+        "two ticks of one slot at the same moment made one job (the second "
+        f"{'waited for the first, then ' if waited else ''}made nothing, quietly); a stale "
+        "tick later made none; the next slot made its own"
     )
