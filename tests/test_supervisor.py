@@ -184,11 +184,22 @@ def test_a_second_signal_forces_the_children(dsn: str, start: Start) -> None:
 def test_children_of_a_killed_supervisor_stop_gracefully(dsn: str, start: Start) -> None:
     with Queue(dsn) as q:
         job_id = q.enqueue({"sleep": 1.0}, queue="q")
-    run = start("tests.handlers:sleep", "--processes", "2", *FAST)
+    # PYTHONFAULTHANDLER: a child still alive at the end is made to print every thread's
+    # stack (SIGABRT), so a stop that hangs says where (seen once in .ci/run, not since).
+    run = start("tests.handlers:sleep", "--processes", "2", *FAST, env={"PYTHONFAULTHANDLER": "1"})
     wait_for(lambda: count(dsn, "running") == 1 and run.ready(), 20, "the claim", run)
     children = run.children()
     run.proc.kill()  # no chance to forward anything: the kernel sends each child SIGTERM
-    wait_for(lambda: not any(map(alive, children.values())), 15, "the children to stop", run)
+    try:
+        wait_for(lambda: not any(map(alive, children.values())), 15, "the children to stop", run)
+    except AssertionError as stuck:
+        for pid in children.values():
+            if alive(pid):
+                os.kill(pid, signal.SIGABRT)
+        time.sleep(1)
+        raise AssertionError(
+            f"{stuck}\n--- after SIGABRT ---\n{run.stderr()}\n{run.stdout()}"
+        ) from None
     assert rows(dsn, "SELECT status FROM jobs WHERE id = %s", [job_id]) == [("done",)]
     assert sorted(done_by(run.stdout())) == ["w.p1", "w.p2"]  # each stopped by itself
 
