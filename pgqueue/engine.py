@@ -200,6 +200,7 @@ class Engine:
         self.seams = seams
         self.session_dsn = _limited(options)
         self.phase = Phase.NEW
+        self._asked: bool | None = None  # a stop asked for before start() ended (True: force)
         self.error: BaseException | None = None  # why the engine stopped itself, if it did
         self.done = 0  # jobs completed (accepted by fence)
         self.failed = 0  # failed attempts recorded (the job retries or goes dead)
@@ -313,9 +314,16 @@ class Engine:
             )
         elif o.listen:
             self._tasks.append(asyncio.create_task(self._hear(), name=f"pgqueue-{o.name}-listen"))
+        if self._asked is not None:  # a stop was asked for while this was starting
+            self.request_stop(self._asked)
 
     def request_stop(self, force: bool = False) -> None:
-        """Stop claiming (on the loop's thread); ``force``: do not wait for the grace."""
+        """Stop claiming (on the loop's thread); ``force``: do not wait for the grace. Asked
+        while the engine is still starting, the stop is remembered and begins as soon as
+        ``start()`` has started everything (a SIGTERM during start-up is not lost)."""
+        if self.phase == Phase.NEW:
+            self._asked = bool(force or self._asked)
+            return
         if force and self._force is not None:
             self._force.set()
         if self.phase == Phase.WORKING:

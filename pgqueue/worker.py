@@ -143,6 +143,7 @@ class Worker(Face):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._signalled = False  # run() had SIGINT/SIGTERM
 
     def start(self) -> Worker:
         """Check the database (a bad DSN or a missing table fails here, in the caller's
@@ -215,7 +216,7 @@ class Worker(Face):
         try:
             with self._told():
                 self.start()
-                while not self.engine.stopping and self._working():
+                while not self._signalled and not self.engine.stopping and self._working():
                     time.sleep(0.05)
                 self.stop(grace)
         finally:
@@ -225,7 +226,10 @@ class Worker(Face):
             raise self.engine.error
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        again = self.engine.stopping
+        # Remembered here too: a signal while the engine starts on its own thread could
+        # otherwise fall between its two checks of the phase.
+        again = self._signalled or self.engine.stopping
+        self._signalled = True
         log_signal(self.options.name, again)
         self.engine.call_soon(self.engine.request_stop, again)
         if self._loop is None:  # not started yet: stop as soon as it is

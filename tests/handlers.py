@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 
-from pgqueue import Job
+from pgqueue import AsyncJob, Job
 
 # The side tables ``report`` writes to; a test runs this before starting workers.
 SIDE_TABLES = """
@@ -40,6 +40,10 @@ CREATE TABLE runs (job_id bigint, grp text, pid int, began timestamptz, ended ti
 
 def noop(job: Job) -> None:
     """Do nothing: the job completes at once."""
+
+
+async def async_noop(job: AsyncJob) -> None:
+    """Do nothing, awaited (the CLI runs it under AsyncWorker)."""
 
 
 def sleep(job: Job) -> None:

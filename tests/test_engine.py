@@ -303,3 +303,44 @@ def test_a_dropped_table_stops_the_async_worker_too(queue: Queue, dsn: str) -> N
         await dropping
 
     asyncio.run(main())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("handler", ["tests.handlers:noop", "tests.handlers:async_noop"])
+def test_a_sigterm_while_the_worker_starts_up_stops_it(dsn: str, handler: str) -> None:
+    """Regression: a stop asked for while the engine was still starting (here: its probe of
+    the table waits behind a lock) was dropped, and the worker then ran on for ever (seen
+    in .ci/run: children of a killed supervisor that never ended). Threaded and asyncio."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != "PGQUEUE_DSN"}
+    with psycopg.connect(dsn) as lock:  # the worker's probe reads jobs: it waits here
+        lock.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pgqueue", "--dsn", dsn, "worker", handler, "--queue", "q"],
+            cwd=root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            waiting = "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            wait_for(lambda: rows(dsn, waiting), what="the worker's probe to wait on the lock")
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)  # the signal is in before the engine has started
+        finally:
+            lock.rollback()  # the probe goes on; the engine starts, then must stop
+        try:
+            _, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            raise AssertionError(f"the worker ran on after its SIGTERM\n{err}") from None
+    assert proc.returncode == 0, err
+    assert "stopping after the running handlers" in err
