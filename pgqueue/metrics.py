@@ -145,6 +145,7 @@ class WorkerMetrics:
 
     def __init__(self, options: WorkerOptions) -> None:
         assert options.metrics_port is not None
+        needs_client()  # at the worker's construction, as the options' checks are
         self.options = options
         self.port = options.metrics_port  # the one listened on, once serving (0: any free)
         self.queues: dict[str, QueueCounts] = {name: QueueCounts() for name in options.queues}

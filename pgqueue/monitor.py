@@ -17,7 +17,6 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from importlib import resources
@@ -32,6 +31,15 @@ from .async_queue import AsyncQueue
 from .db import connect, pgbouncer_mode
 from .engine import Phase
 from .errors import BadInput
+from .monitor_looks import (
+    Counts,
+    Lease,
+    LimitLook,
+    ScheduleLook,
+    Snapshot,
+    kept_jobs,
+    side_notes,
+)
 from .options import whole
 from .params import pgqueue_error, queue_names
 from .queue import Queue
@@ -53,87 +61,6 @@ ALT = "pgqueue monitor: ready, running and dead jobs by queue, throughput, runni
 def _sql() -> dict[str, str]:
     text = resources.files("pgqueue").joinpath("sql/monitor.sql").read_text(encoding="utf-8")
     return statements.parse(text)
-
-
-# -- what a look sees ---------------------------------------------------------------------
-@dataclass(frozen=True)
-class Lease:
-    """A running job as a look saw it."""
-
-    id: int
-    queue: str
-    fence: int
-    attempt: int
-    left: float  # seconds of lease left; negative: it ran out, the reaper may take the job
-    running_for: float | None  # seconds since this attempt began
-
-
-@dataclass(frozen=True)
-class Counts:
-    """One queue at one look. ``finished``: jobs done or cancelled since the previous look
-    (0 on the first), derived from the counts and the jobs added meanwhile."""
-
-    ready: int = 0
-    running: int = 0
-    dead: int = 0
-    finished: int = 0
-
-    def __add__(self, other: Counts) -> Counts:
-        return Counts(
-            self.ready + other.ready,
-            self.running + other.running,
-            self.dead + other.dead,
-            self.finished + other.finished,
-        )
-
-
-@dataclass(frozen=True)
-class ScheduleLook:
-    """A periodic schedule as a look saw it: the last slot handled and the next one."""
-
-    name: str
-    queue: str
-    last_slot: datetime
-    next_slot: datetime | None
-
-
-@dataclass(frozen=True)
-class LimitLook:
-    """A limited queue as a look saw it: its limit per group and, busiest first, its groups'
-    running jobs that hold a slot (group, jobs)."""
-
-    queue: str
-    per_group: int
-    running: tuple[tuple[str, int], ...]
-
-    @property
-    def full(self) -> list[str]:
-        """The groups running their whole limit: their next jobs wait."""
-        return [group for group, jobs in self.running if jobs >= self.per_group]
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """One look at the table: ``t`` seconds after the first look (the database's clock),
-    the counts by queue, and the running jobs whose leases end first (at most ``bars``)."""
-
-    t: float
-    at: datetime  # the database's now()
-    seconds: float  # since the previous look (0 on the first)
-    queues: dict[str, Counts]
-    leases: tuple[Lease, ...]
-    schedules: tuple[ScheduleLook, ...] = ()  # the periodic schedules of the queues watched
-    limits: tuple[LimitLook, ...] = ()  # the per-group limits of the queues watched
-
-    @property
-    def total(self) -> Counts:
-        """The counts summed over the queues watched."""
-        return sum(self.queues.values(), Counts())
-
-    @property
-    def rate(self) -> float | None:
-        """Jobs finished per second since the previous look (None on the first look)."""
-        return self.total.finished / self.seconds if self.seconds > 0 else None
 
 
 class _Eye:
@@ -213,11 +140,6 @@ def _limit_looks(rows: list[tuple[Any, ...]]) -> tuple[LimitLook, ...]:
             look = LimitLook(queue, look.per_group, (*look.running, (group, int(jobs))))
         found[queue] = look
     return tuple(found.values())
-
-
-def kept_jobs(counts: Counts) -> int:
-    """The jobs of a queue still in the table's live or dead states."""
-    return counts.ready + counts.running + counts.dead
 
 
 # -- the monitor --------------------------------------------------------------------------
@@ -601,18 +523,3 @@ def _line(monitor: Monitor, final: bool) -> str:
     rate = "" if last.rate is None else f"; {last.rate:.0f} finished/s"
     end = f"; {monitor.done} finished, stopped by {monitor.stopped_by}" if final else ""
     return f"{last.t:6.1f} s  " + "; ".join(parts + side_notes(last)) + rate + end
-
-
-def side_notes(look: Snapshot) -> list[str]:
-    """What a look says of schedules and limits, in a few words each."""
-    said = [
-        f"{s.name} next {s.next_slot:%H:%M:%S}" if s.next_slot else f"{s.name} ends"
-        for s in look.schedules
-    ]
-    for limit in look.limits:
-        full = limit.full
-        said.append(
-            f"{limit.queue} limit {limit.per_group}/group: "
-            + (f"{len(full)} group(s) full ({', '.join(full[:3])})" if full else "no group full")
-        )
-    return said

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .monitor import Counts, Snapshot, kept_jobs, side_notes
+from .monitor_looks import Counts, Snapshot, kept_jobs, side_notes
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

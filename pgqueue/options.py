@@ -118,9 +118,6 @@ class WorkerOptions:
             raise BadInput(f"name must be a non-empty string, got {name!r}")
         if metrics_port is not None:
             whole("metrics_port", metrics_port, 0, 65535)
-            from .metrics import needs_client
-
-            needs_client()
         tasks = handler if isinstance(handler, Tasks) else None
         if queue is None:
             queue = (tasks.queues or ["default"]) if tasks else "default"
