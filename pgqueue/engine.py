@@ -234,7 +234,7 @@ class Engine:
             self._plain = PlainLanes(
                 options.name,
                 options.concurrency,
-                start=self._start_plain,
+                start=self._start,
                 run=self._run_plain,
                 wake=self._plain_woke,
                 connect=self._connect_plain,
@@ -588,46 +588,34 @@ class Engine:
                 if self._wants_jobs():
                     self._bell.ring()  # a lane is free: the dispatcher may claim
 
-    # -- one job: the handler, then its ending -------------------------------------------
+    # -- one job: may it start, the handler, then its ending ------------------------------
     async def _run_job(self, claim: Claim) -> None:
         try:
-            self.seams._gate()
-            if self._begin(claim):
+            outcome = self._start(claim)
+            if outcome is None:
                 outcome = await self._call(claim)
                 claim.ended = time.monotonic()
                 self.seams._gate()  # a freeze during the handler ends here
-                if self._own_finish(claim):
-                    if isinstance(outcome, Failure):
-                        await self._finish(claim, "fail", outcome)
-                    else:
-                        claim.result = outcome.result if outcome is not None else None
-                        if self.options.complete_in_batches:
-                            self._buffer.append((claim, time.monotonic()))
-                        else:
-                            await self._finish(claim, "complete")
-            claim.batch.left -= 1
-            if claim.batch.left == 0:
-                self._flush_soon()  # the batch is over: its completions go now, together
+            self._ended(claim, outcome)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the bookkeeping failed: leave the job to its lease
             self._forget(claim, describe(exc))
 
-    def _begin(self, claim: Claim) -> bool:
-        """Mark the job started, unless it was lost (taken over, or its lease ran out here)
-        before its turn: running it then could run it twice."""
+    def _start(self, claim: Claim) -> Failure | None:
+        """Whether the job may start now (None: it has started), else why not: the worker
+        is stopping (it goes back), or it was lost (taken over, or its lease ran out here)
+        before its turn, and running it then could run it twice. On a lane thread for a
+        plain job: it reads the engine's state, and the loop files what it says."""
+        self.seams._gate()
         key = key_of(claim.job)
-        if self.claims.get(key) is not claim or key in self._finishing:
-            return False
-        if self.phase >= Phase.HALTED:
-            return False
-        if not claim.job.lost:
-            claim.started = time.monotonic()
-            claim.timeout = self._timeout_for(claim.job)
-            return True
-        self._drop(claim)
-        self._record(claim.lane, "skipped", claim.job, "lease lost before it started")
-        return False
+        if self.phase != Phase.WORKING:
+            return RELEASED
+        if self.claims.get(key) is not claim or key in self._finishing or claim.job.lost:
+            return SKIPPED
+        claim.timeout = self._timeout_for(claim.job)
+        claim.started = time.monotonic()
+        return None
 
     async def _call(self, claim: Claim) -> Outcome:
         """Run an async handler as a task of its own; how it ended (a ``Failure``, a
@@ -660,20 +648,7 @@ class Engine:
         )
         return Failure(f"TimeoutError: the handler ran past the {claim.timeout:g} s timeout")
 
-    # -- plain jobs: begun and run on a lane thread, ended here -------------------------------
-    def _start_plain(self, claim: Claim) -> Failure | None:
-        """On a lane thread: whether the job may start (None), else why not. Reads the
-        engine's state, never writes it: the loop files what this says."""
-        self.seams._gate()
-        key = (claim.job.id, claim.job.fence)
-        if self.phase != Phase.WORKING:
-            return RELEASED  # stopping: an unstarted job goes back
-        if self.claims.get(key) is not claim or key in self._finishing or claim.job.lost:
-            return SKIPPED
-        claim.timeout = self._timeout_for(claim.job)
-        claim.started = time.monotonic()
-        return None
-
+    # -- plain jobs: begun and run on a lane thread, ended on the loop -------------------
     def _run_plain(self, claim: Claim, connection: Callable[[], psycopg.Connection]) -> Outcome:
         outcome = self._call_plain(claim.job, claim.lane, connection)
         claim.ended = time.monotonic()
@@ -693,8 +668,11 @@ class Engine:
             self._bell.ring()
 
     def _ended(self, claim: Claim, outcome: Outcome) -> None:
+        """File how a job ended, plain or async: not started (given back, or lost before
+        its turn), failed, or done (its completion buffered, or sent now)."""
+        key = key_of(claim.job)
         if outcome is SKIPPED:
-            if self.claims.get((claim.job.id, claim.job.fence)) is claim:
+            if self.claims.get(key) is claim and key not in self._finishing:
                 self._drop(claim)
                 self._record(claim.lane, "skipped", claim.job, "lease lost before it started")
         elif outcome is RELEASED:
@@ -712,7 +690,7 @@ class Engine:
                     self._spawn_finish(claim, "complete")
         claim.batch.left -= 1
         if claim.batch.left == 0:
-            self._flush_soon()
+            self._flush_soon()  # the batch is over: its completions go now, together
 
     def _spawn_finish(self, claim: Claim, action: str, failure: Failure | None = None) -> None:
         task = asyncio.create_task(self._finish(claim, action, failure))
