@@ -322,3 +322,17 @@ def test_the_done_notify_cost_compares_the_same_completions_notifying_or_not(
     for notify in NOTIFY_VARIANTS:  # each run checks that every job ended done, once
         for batch in (1, 7):
             assert completion_rate(dsn, notify=notify, threads=2, batch=batch, jobs=60) > 0
+
+
+def test_drivers_measures_each_driver_and_the_hop(small: Bench) -> None:
+    from pgqueue.tools.bench.drivers import ASYNC, HOP, SYNC, THREAD, bench_drivers
+
+    rows = bench_drivers(small, n_jobs=100, batch=10)
+    assert [r["system"] for r in rows] == [SYNC, ASYNC, THREAD, HOP]
+    for row in rows:
+        assert row["runs"] == 1
+        assert (
+            0 < row["client_cpu_us_min"] <= row["client_cpu_us_median"] <= row["client_cpu_us_max"]
+        )
+    assert rows[0]["cpu_ratio_to_sync"] == 1.0
+    assert all(r["per"] == "job" and r["jobs_per_s_median"] > 0 for r in rows[:3])

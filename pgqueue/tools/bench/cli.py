@@ -22,6 +22,7 @@ from .claim_size import bench_claim
 from .cli_worker import bench_cli_worker
 from .cpu import bench_cpu
 from .drain import DrainConfig, _add_ratio_to_limit, bench_drain
+from .drivers import DRIVERS_COLUMNS, bench_drivers
 from .enqueue import bench_enqueue
 from .housekeeping import bench_housekeeping
 from .limits import bench_limits
@@ -68,6 +69,7 @@ BENCHMARKS = (
     "notify",
     "results",
     "done_notify",
+    "drivers",
 )
 
 
@@ -163,6 +165,7 @@ def run(
             DONE_NOTIFY_COLUMNS,
             lambda: bench_done_notify(bench),
         ),
+        ("drivers", "bench_drivers.csv", DRIVERS_COLUMNS, lambda: bench_drivers(bench)),
     ]
     for name, filename, columns, func in plan:
         if name not in only:
