@@ -664,6 +664,13 @@ class Engine:
         assert self._plain is not None
         for claim, outcome in self._plain.take_done():
             self._ended(claim, outcome)
+        self._slot_freed()
+
+    def _slot_freed(self) -> None:
+        """A plain job ended (or its lane was retired): an async job waiting for the slot
+        may start (a mixed registry shares them), and the dispatcher may claim."""
+        if self._waiting:
+            self._work.ring(len(self._waiting))
         if self._wants_jobs():
             self._bell.ring()
 
@@ -720,6 +727,7 @@ class Engine:
             claim.batch.left -= 1
             if claim.batch.left == 0:
                 self._flush_soon()
+            self._slot_freed()
 
     def _call_plain(
         self, job: Job, lane: str, connection: Callable[[], psycopg.Connection]

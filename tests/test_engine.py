@@ -344,3 +344,41 @@ def test_a_sigterm_while_the_worker_starts_up_stops_it(dsn: str, handler: str) -
             raise AssertionError(f"the worker ran on after its SIGTERM\n{err}") from None
     assert proc.returncode == 0, err
     assert "stopping after the running handlers" in err
+
+
+def test_an_async_task_waiting_for_a_slot_starts_when_a_plain_task_frees_it(
+    queue: Queue, dsn: str
+) -> None:
+    """A mixed registry shares its slots: with one lane, an async job claimed beside a
+    running plain one waits for the slot, and starts as soon as the plain job ends. (Before,
+    nothing woke the async lane when a plain job ended: it slept its whole poll interval.)"""
+    from pgqueue import Tasks
+
+    tasks = Tasks(dsn)
+    began = threading.Event()
+
+    @tasks.task(queue="q")
+    def plain_task(job: Job) -> None:
+        began.set()
+        time.sleep(0.2)
+
+    @tasks.task(queue="q")
+    async def async_task(job: AsyncJob) -> None:
+        pass
+
+    plain_task.enqueue()
+    async_task.enqueue()
+    tasks.close()
+
+    class PlainFirst(Worker):
+        def _after_claim(self, jobs: list[Job]) -> None:
+            began.wait(10)  # the plain job holds the one slot before the async lane looks
+
+    worker = PlainFirst(
+        tasks, dsn=dsn, concurrency=1, batch=2, poll_interval=60, listen=False
+    ).start()
+    try:
+        wait_for(lambda: worker.done == 2, what="both jobs done, long before the 60 s poll")
+    finally:
+        worker.stop(grace=2)
+    assert statuses(dsn) == {"done": 2}
