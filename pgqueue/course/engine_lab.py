@@ -132,3 +132,22 @@ def chores(rows: list[JobState], looks: dict[int, tuple[str, bool, int]]) -> pd.
         ]
     )
     return table.set_index("id")
+
+
+def one_lane(
+    dsn: str, handler: Any, payloads: list[dict[str, Any]], queue: str = "chores"
+) -> tuple[list[JobState], bool]:
+    """Run ``handler`` over one job per payload, in order, on a ``Worker`` of one lane (a
+    claim per job; a failed job is retried after 0.1 s): the jobs as the table holds them
+    once all are done, and whether the worker was still working then."""
+    with Queue(dsn) as q:
+        ids = q.enqueue_many(payloads, queue=queue)
+        worker = Worker(handler, queue=queue, dsn=dsn, backoff=0.05, poll_interval=0.1, name="lane")
+        worker.start()
+        deadline = time.monotonic() + 30
+        while worker.done < len(ids) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        working = not worker.stopping
+        worker.stop()
+        rows = [q.get(job_id) for job_id in ids]
+    return [row for row in rows if row is not None], working

@@ -130,6 +130,12 @@ def _slip(
     """The hint for one wrong count: what the worker sent, then (second time) the fix."""
     if predicted == jobs and batch > 1:
         kind, fragment = f"{kind}-per-job", PER_JOB[kind]
+    elif kind == "claims" and predicted == measured + 1:
+        kind = "dry-claim"
+        fragment = (
+            "count the claims that brought jobs: the last one, which finds the queue dry, "
+            "brings none and is not counted"
+        )
     elif predicted == jobs // batch:
         kind = "last-batch"
         fragment = (
@@ -187,7 +193,7 @@ def check_statements(predict: Callable[[int, int], tuple[int, int]]) -> None:
                 "one lane holds at most batch jobs, the finished ones whose completion is "
                 "still buffered included: it claims again only once a batch is completed"
             )
-            _slip("claims", guess_claims, claims, jobs, batch, "claims", fragment)
+            _slip("claims", guess_claims, claims, jobs, batch, "claims that brought jobs", fragment)
         if guess_completions != completions:
             fragment = "one completion statement per claimed batch, sent when its last job ends"
             _slip(
