@@ -1,0 +1,153 @@
+"""The worker engine's lesson (notebook 13): where each kind of handler runs, and how many
+statements a worker sends for a backlog, counted by the worker and by the server.
+Teaching aids, not the queue."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from typing import Any
+
+import pandas as pd
+import psycopg
+
+from ..db import resolve_dsn
+from ..events import EventLog
+from ..queue import JobState, Queue
+from ..worker import Worker
+from .lab import scratch_database
+
+COUNTED = "course_12_statements"  # the scratch database whose commits are counted
+
+
+def place(notebook_loop: asyncio.AbstractEventLoop) -> tuple[str, str]:
+    """Where the calling handler runs: its thread's name (a lane's number shown as N), and
+    which event loop runs on that thread ("none", "the notebook's" or "another")."""
+    thread = re.sub(r"\.\d+$", ".N", threading.current_thread().name)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return thread, "none"
+    return thread, "the notebook's" if loop is notebook_loop else "another"
+
+
+def statements(events: EventLog, kind: str) -> int:
+    """How many statements the worker sent for the events of ``kind`` ("claim", "complete"):
+    what one statement did to a batch of jobs is recorded with one time stamp."""
+    return len({event.t for event in events.events(kind)})
+
+
+def enqueue_noops(dsn: str, jobs: int, queue: str = "noop") -> None:
+    """Enqueue ``jobs`` jobs for a handler that does nothing."""
+    with Queue(dsn) as q:
+        q.enqueue_many([{}] * jobs, queue=queue)
+
+
+def drain(dsn: str, queue: str = "noop", **options: Any) -> dict[str, int]:
+    """Drain ``queue`` with a ``Worker`` whose handler does nothing (burst, the given
+    options): the jobs done and the claim and completion statements it sent."""
+    events = EventLog()
+    worker = Worker(
+        lambda job: None,
+        queue=queue,
+        dsn=dsn,
+        burst=True,
+        listen=False,
+        events=events,
+        name=queue,
+        **options,
+    )
+    worker.start()
+    worker.join(timeout=60)
+    worker.stop()
+    return {
+        "jobs": worker.done,
+        "claims": statements(events, "claim"),
+        "completions": statements(events, "complete"),
+    }
+
+
+def commits(dbname: str, *, quiet: float = 0.2, timeout: float = 10.0) -> int:
+    """The transactions database ``dbname`` has committed (``pg_stat_database``), read once
+    no session is connected to it and the count has stopped moving: a session hands its
+    counts to the statistics when it ends (or about once a second), not at each commit."""
+    last, since = -1, time.monotonic()
+    deadline = since + timeout
+    with psycopg.connect(resolve_dsn(None), autocommit=True) as conn:
+        while True:
+            count, sessions = conn.execute(
+                "SELECT d.xact_commit, (SELECT count(*) FROM pg_stat_activity a "
+                "WHERE a.datname = d.datname) FROM pg_stat_database d WHERE d.datname = %s",
+                [dbname],
+            ).fetchone() or (0, 0)
+            now = time.monotonic()
+            if count != last or sessions:
+                last, since = count, now
+            elif now - since >= quiet or now > deadline:
+                return int(count)
+            time.sleep(0.05)
+
+
+def counted(jobs: int, runs: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """For each run (a label and a ``Worker``'s options), ``drain`` of ``jobs`` no-op jobs
+    in a queue of its own, in one scratch database, with the transactions the server
+    committed there meanwhile (the worker's start-up included) and the statements per job:
+    one row per run."""
+    rows = {}
+    with scratch_database(COUNTED) as dsn:
+        for n, (label, options) in enumerate(runs.items()):
+            queue = f"backlog-{n}"
+            enqueue_noops(dsn, jobs, queue)
+            before = commits(COUNTED)
+            drained: dict[str, Any] = drain(dsn, queue, **options)
+            drained["commits"] = commits(COUNTED) - before
+            sent = drained["claims"] + drained["completions"]
+            drained["statements per job"] = sent / max(1, jobs)
+            drained["commits per job"] = drained["commits"] / max(1, jobs)
+            rows[label] = drained
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def chores(rows: list[JobState], looks: dict[int, tuple[str, bool, int]]) -> pd.DataFrame:
+    """The careless handler's jobs as the table holds them, each ``look`` with what it found
+    on the lane's connection; sessions numbered in the order they first served a look."""
+    numbers: dict[int, str] = {}
+    for _, _, pid in looks.values():
+        numbers.setdefault(pid, f"session {len(numbers) + 1}")
+    table = pd.DataFrame(
+        [
+            {
+                "id": job.id,
+                "do": job.payload["do"],
+                "status": job.status,
+                "attempts": job.attempts,
+                "last_error": job.last_error or "",
+                "search_path seen": looks[job.id][0] if job.id in looks else "",
+                "autocommit seen": looks[job.id][1] if job.id in looks else "",
+                "session": numbers[looks[job.id][2]] if job.id in looks else "",
+            }
+            for job in rows
+        ]
+    )
+    return table.set_index("id")
+
+
+def one_lane(
+    dsn: str, handler: Any, payloads: list[dict[str, Any]], queue: str = "chores"
+) -> tuple[list[JobState], bool]:
+    """Run ``handler`` over one job per payload, in order, on a ``Worker`` of one lane (a
+    claim per job; a failed job is retried after 0.1 s): the jobs as the table holds them
+    once all are done, and whether the worker was still working then."""
+    with Queue(dsn) as q:
+        ids = q.enqueue_many(payloads, queue=queue)
+        worker = Worker(handler, queue=queue, dsn=dsn, backoff=0.05, poll_interval=0.1, name="lane")
+        worker.start()
+        deadline = time.monotonic() + 30
+        while worker.done < len(ids) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        working = not worker.stopping
+        worker.stop()
+        rows = [q.get(job_id) for job_id in ids]
+    return [row for row in rows if row is not None], working
