@@ -71,20 +71,21 @@ def start_pgbouncer(target: str, pool_size: int) -> tuple[Bouncer | None, str]:
     and ``""``, or ``None`` and why it is not running here."""
     if not os.access(PGBOUNCER, os.X_OK):
         return None, "PgBouncer is not installed here (apt-get install pgbouncer)"
+    where = Path(tempfile.mkdtemp(prefix="pgqueue-bouncer-"))
     try:
-        return _start(target, pool_size), ""
+        return _start(target, pool_size, where), ""
     except (OSError, KeyError, RuntimeError) as exc:
+        shutil.rmtree(where, ignore_errors=True)
         return None, f"PgBouncer could not start here ({exc})"
 
 
-def _start(target: str, pool_size: int) -> Bouncer:
+def _start(target: str, pool_size: int, where: Path) -> Bouncer:
     server = conninfo_to_dict(target)
-    where = Path(tempfile.mkdtemp(prefix="pgqueue-bouncer-"))
-    ids: dict[str, object] = {}
+    owner: tuple[int, int] | None = None
     if os.geteuid() == 0:  # PgBouncer refuses root: run it as the embedded server's user
         entry = pwd.getpwnam("pgqueue")
-        ids = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
-        os.chown(where, entry.pw_uid, entry.pw_gid)
+        owner = (entry.pw_uid, entry.pw_gid)
+        os.chown(where, *owner)
     connect = " ".join(
         f"{k}={server[k]}" for k in ("host", "port", "user", "password") if k in server
     )
@@ -98,11 +99,13 @@ def _start(target: str, pool_size: int) -> Bouncer:
     if version and version >= (1, 21):
         config += "max_prepared_statements = 0\n"  # as 1.18: no tracking of prepared statements
     (where / "pgbouncer.ini").write_text(config)
-    if ids:
-        os.chown(where / "pgbouncer.ini", entry.pw_uid, entry.pw_gid)
+    if owner:
+        os.chown(where / "pgbouncer.ini", *owner)
     process = subprocess.Popen(
         [PGBOUNCER, str(where / "pgbouncer.ini")],
-        **ids,  # type: ignore[arg-type]
+        user=owner[0] if owner else None,
+        group=owner[1] if owner else None,
+        extra_groups=[] if owner else None,
         cwd="/",
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
