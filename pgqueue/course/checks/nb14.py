@@ -29,13 +29,15 @@ def _expected(
     hosts: int, threads: int, budget: int, pool: int | None = None, max_client_conn: int = 1000
 ) -> int:
     """The most worker processes each of ``hosts`` may run: each process has ``threads``
-    lanes, a keeper and a listener. Directly, every one of those is a server connection;
-    through PgBouncer the lanes and the keeper are its clients (at most ``max_client_conn``)
-    sharing ``pool`` server connections, and the listener is a direct connection."""
+    lanes (each with a connection for its handlers), a dispatcher (claims, the reaper), a
+    keeper (heartbeats, completions) and a listener. Directly, every one of those is a server
+    connection; through PgBouncer the lanes, the dispatcher and the keeper are its clients
+    (at most ``max_client_conn``) sharing ``pool`` server connections, and the listener is a
+    direct connection."""
     if pool is None:
-        return budget // (hosts * (threads + 2))
+        return budget // (hosts * (threads + 3))
     by_server = (budget - pool) // hosts
-    by_clients = max_client_conn // (hosts * (threads + 1))
+    by_clients = max_client_conn // (hosts * (threads + 2))
     return max(0, min(by_server, by_clients))
 
 
@@ -87,25 +89,27 @@ def raise_hint(
     if got < 0:
         kind, rule = "negative", "when the pool alone exceeds the budget no process fits: 0"
     elif pool is None:
-        if got in (budget // (hosts * threads), budget // (hosts * (threads + 1))):
+        if got in (budget // (hosts * (threads + n)) for n in (0, 1, 2)):
             kind, rule = (
                 "direct",
                 (
-                    "each process opens threads + 2 connections: its lanes, the keeper "
-                    "(heartbeats, reaper) and the listener (LISTEN)"
+                    "each process opens threads + 3 connections: its lanes, the dispatcher "
+                    "(claims, reaper), the keeper (heartbeats, completions) and the listener "
+                    "(LISTEN)"
                 ),
             )
     else:
-        direct = budget // (hosts * (threads + 2))
+        direct = budget // (hosts * (threads + 3))
         if got == direct:
             kind, rule = (
                 "pooled",
                 (
-                    "through PgBouncer the lanes and keepers share the pool's server "
-                    "connections: only the pool and the listeners count against the budget"
+                    "through PgBouncer the lanes, dispatchers and keepers share the pool's "
+                    "server connections: only the pool and the listeners count against the "
+                    "budget"
                 ),
             )
-        elif got == clients // (hosts * (threads + 1)):
+        elif got == clients // (hosts * (threads + 2)):
             kind, rule = (
                 "listeners",
                 (
@@ -116,12 +120,20 @@ def raise_hint(
         elif got == (budget - pool) // hosts:
             kind, rule = (
                 "clients",
-                ("every lane and keeper is a client of PgBouncer: max_client_conn bounds them"),
+                (
+                    "every lane, dispatcher and keeper is a client of PgBouncer: "
+                    "max_client_conn bounds them"
+                ),
             )
-        elif got == min((budget - pool) // hosts, clients // (hosts * (threads + 2))):
+        elif got in (
+            min((budget - pool) // hosts, clients // (hosts * (threads + n))) for n in (1, 3)
+        ):
             kind, rule = (
                 "listener-client",
-                ("the listener is no client of PgBouncer: only lanes and the keeper are"),
+                (
+                    "count PgBouncer's clients again: the lanes, the dispatcher and the keeper "
+                    "are, the listener is not"
+                ),
             )
     HINTS.fail(kind, f"{call} returned {got}; the most that fit is {want}", rule)
 
