@@ -361,14 +361,15 @@ def test_the_async_handler_check_tells_a_lost_write_from_a_wrong_key(
     distinct(results)
 
 
-# Notebook 14: worker processes per host within max_connections (a process holds threads + 3:
-# lanes, dispatcher, keeper, listener; through PgBouncer all but the listener are its clients).
+# Notebook 14: worker processes per host within max_connections (a process holds threads + 4:
+# lanes, dispatcher, finisher, keeper, listener; through PgBouncer all but the listener are
+# its clients).
 def processes_per_host(
     hosts: int, threads: int, budget: int, pool: int | None = None, max_client_conn: int = 1000
 ) -> int:
     if pool is None:
-        return budget // (hosts * (threads + 3))
-    return max(0, min((budget - pool) // hosts, max_client_conn // (hosts * (threads + 2))))
+        return budget // (hosts * (threads + 4))
+    return max(0, min((budget - pool) // hosts, max_client_conn // (hosts * (threads + 3))))
 
 
 def lanes_only(
@@ -382,15 +383,15 @@ def lanes_only(
 def pool_ignored(
     hosts: int, threads: int, budget: int, pool: int | None = None, max_client_conn: int = 1000
 ) -> int:
-    return budget // (hosts * (threads + 3))
+    return budget // (hosts * (threads + 4))
 
 
 def no_listeners(
     hosts: int, threads: int, budget: int, pool: int | None = None, max_client_conn: int = 1000
 ) -> int:
     if pool is None:
-        return budget // (hosts * (threads + 3))
-    return max_client_conn // (hosts * (threads + 2))
+        return budget // (hosts * (threads + 4))
+    return max_client_conn // (hosts * (threads + 3))
 
 
 def test_the_fleet_check_tells_each_miscounted_connection_apart(

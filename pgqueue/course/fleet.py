@@ -34,7 +34,7 @@ def plot_fleet(
     fig, ax = plt.subplots(figsize=(8, 4.2))
     direct = [connections(hosts, p, threads) for p in processes]
     pooled = [connections(hosts, p, threads, pool=pool) for p in processes]
-    ax.plot(processes, direct, marker="o", label=f"direct: {threads} lanes + 3 per process")
+    ax.plot(processes, direct, marker="o", label=f"direct: {threads} lanes + 4 per process")
     through = f"through PgBouncer: pool of {pool} + one direct listener per process"
     ax.plot(processes, pooled, marker="s", label=through)
     ax.axhline(usable, color="tab:red", linestyle="--", label=f"this server's limit ({usable})")

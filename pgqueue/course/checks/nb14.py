@@ -15,6 +15,7 @@ HINTS = Hints()
 # (hosts, threads, budget, pool, max_client_conn): the scenarios the answer must get right.
 SCENARIOS: list[tuple[int, int, int, int | None, int]] = [
     (4, 6, 87, None, 1000),
+    (2, 4, 87, None, 1000),
     (10, 4, 87, None, 1000),
     (20, 4, 87, None, 1000),
     (4, 6, 87, 20, 1000),
@@ -30,14 +31,14 @@ def _expected(
 ) -> int:
     """The most worker processes each of ``hosts`` may run: each process has ``threads``
     lanes (each with a connection for its handlers), a dispatcher (claims, the reaper), a
-    keeper (heartbeats, completions) and a listener. Directly, every one of those is a server
-    connection; through PgBouncer the lanes, the dispatcher and the keeper are its clients
+    finisher (completions, fails), a keeper (heartbeats) and a listener. Directly, every one
+    of those is a server connection; through PgBouncer all but the listener are its clients
     (at most ``max_client_conn``) sharing ``pool`` server connections, and the listener is a
     direct connection."""
     if pool is None:
-        return budget // (hosts * (threads + 3))
+        return budget // (hosts * (threads + 4))
     by_server = (budget - pool) // hosts
-    by_clients = max_client_conn // (hosts * (threads + 2))
+    by_clients = max_client_conn // (hosts * (threads + 3))
     return max(0, min(by_server, by_clients))
 
 
@@ -89,27 +90,27 @@ def raise_hint(
     if got < 0:
         kind, rule = "negative", "when the pool alone exceeds the budget no process fits: 0"
     elif pool is None:
-        if got in (budget // (hosts * (threads + n)) for n in (0, 1, 2)):
+        if got in (budget // (hosts * (threads + n)) for n in (0, 1, 2, 3)):
             kind, rule = (
                 "direct",
                 (
-                    "each process opens threads + 3 connections: its lanes, the dispatcher "
-                    "(claims, reaper), the keeper (heartbeats, completions) and the listener "
-                    "(LISTEN)"
+                    "each process opens threads + 4 connections: its lanes, the dispatcher "
+                    "(claims, reaper), the finisher (completions, fails), the keeper "
+                    "(heartbeats) and the listener (LISTEN)"
                 ),
             )
     else:
-        direct = budget // (hosts * (threads + 3))
+        direct = budget // (hosts * (threads + 4))
         if got == direct:
             kind, rule = (
                 "pooled",
                 (
-                    "through PgBouncer the lanes, dispatchers and keepers share the pool's "
-                    "server connections: only the pool and the listeners count against the "
-                    "budget"
+                    "through PgBouncer the lanes, dispatchers, finishers and keepers share "
+                    "the pool's server connections: only the pool and the listeners count "
+                    "against the budget"
                 ),
             )
-        elif got == clients // (hosts * (threads + 2)):
+        elif got == clients // (hosts * (threads + 3)):
             kind, rule = (
                 "listeners",
                 (
@@ -121,18 +122,18 @@ def raise_hint(
             kind, rule = (
                 "clients",
                 (
-                    "every lane, dispatcher and keeper is a client of PgBouncer: "
+                    "every lane, dispatcher, finisher and keeper is a client of PgBouncer: "
                     "max_client_conn bounds them"
                 ),
             )
         elif got in (
-            min((budget - pool) // hosts, clients // (hosts * (threads + n))) for n in (1, 3)
+            min((budget - pool) // hosts, clients // (hosts * (threads + n))) for n in (2, 4)
         ):
             kind, rule = (
                 "listener-client",
                 (
-                    "count PgBouncer's clients again: the lanes, the dispatcher and the keeper "
-                    "are, the listener is not"
+                    "count PgBouncer's clients again: the lanes, the dispatcher, the finisher "
+                    "and the keeper are, the listener is not"
                 ),
             )
     HINTS.fail(kind, f"{call} returned {got}; the most that fit is {want}", rule)
