@@ -1,4 +1,4 @@
-"""The shop's background jobs for notebook 08: a task registry run by the command-line worker,
+"""The shop's background jobs for notebook 11: a task registry run by the command-line worker,
 
     pgqueue worker example_tasks:tasks --burst
 
