@@ -523,6 +523,16 @@ class Engine:
         """Whether a lane may start another job: at most ``concurrency`` run at once."""
         return self._busy_now() < self.options.concurrency
 
+    def _take_slot(self) -> bool:
+        """Count one more async job running, if a slot is free: under the plain lanes' lock
+        when there are plain lanes (a mixed registry), as a lane thread takes its slot, so
+        the loop and a lane thread never both take the last one."""
+        with self._plain.lock if self._plain is not None else contextlib.nullcontext():
+            if not self._room():
+                return False
+            self._busy += 1
+            return True
+
     def _take(self, jobs: list[AsyncJob]) -> list[Job]:
         if self.metrics is not None:
             self.metrics.claimed(jobs)
@@ -572,13 +582,12 @@ class Engine:
         dispatcher has found the queue dry and nothing waits)."""
         work, o = self._work, self.options
         while self.phase == Phase.WORKING:
-            if not self._waiting or not self._room():
+            if not self._waiting or not self._take_slot():
                 if self._tasks[0].done() and not self._waiting:
                     return  # the dispatcher has ended (burst: the queue is dry)
                 await work.wait(work.generation, o.poll_interval)
                 continue
             claim = self._waiting.popleft()
-            self._busy += 1
             try:
                 await self._run_job(claim)
             finally:
