@@ -58,7 +58,8 @@ def check_guard(guard: object, dsn: str) -> None:
         not duplicate,
         "conflict",
         f"the late run's guard raised {duplicate[0] if duplicate else ''}: one e-mail, but "
-        "every duplicate run now ends as a failed attempt with an error that looks like a bug",
+        "a duplicate run now ends in an error that looks like a bug (and after a crash "
+        "between the row and the completion, every later attempt fails the same way)",
         "a run that finds the job's row should add nothing, quietly: ON CONFLICT (job_id) DO "
         "NOTHING",
     )
