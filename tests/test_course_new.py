@@ -159,3 +159,30 @@ def test_a_stale_step_checked_then_written_becomes_the_answer_and_job_step_refus
     fenced = steps_lab.stale_step(dsn, "job.step")
     assert fenced["A's step two"].startswith("LeaseLost")
     assert fenced["B's step two returned"] == "B's charge" and fenced["stored under fence"] == 2
+
+
+def test_the_chaos_trace_never_counts_a_done_jobs_finishing_run_as_lost() -> None:
+    """A job done at its second attempt whose first claim was cut before its handler
+    started has one start: the run that finished it. That start is the re-run, and the lost
+    attempt is the unstarted claim, traced to the fault before it (the chaos checks' rule).
+    Before, the finishing run was counted as the lost attempt, with no re-run and no fault."""
+    import pandas as pd
+
+    from pgqueue.course import chaos_view
+
+    t0 = pd.Timestamp("2026-12-02 01:00:00", tz="UTC")
+    jobs = pd.DataFrame({"id": [7], "status": ["done"], "attempts": [2]})
+    runs = pd.DataFrame(
+        {
+            "job_id": [7],
+            "fence": [2],
+            "worker": ["w2"],
+            "started_at": [t0 + pd.Timedelta(seconds=5)],
+        }
+    )
+    faults = pd.DataFrame({"kind": ["kill"], "worker": ["w1"], "at": [t0], "detail": [""]})
+    traced = chaos_view.trace(jobs, runs, faults)
+    assert len(traced) == 1
+    row = traced.iloc[0]
+    assert row["lost_worker"] == chaos_view.UNSTARTED and row["rerun_worker"] == "w2"
+    assert row["cause"] == "kill" and row["fault_worker"] == "w1"

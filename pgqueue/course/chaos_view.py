@@ -93,13 +93,15 @@ def run_chaos(config: Config, say: Callable[[str], None] | None = None) -> Chaos
 
 
 def trace(jobs: pd.DataFrame, runs: pd.DataFrame, faults: pd.DataFrame) -> pd.DataFrame:
-    """One row per lost attempt, with the fault behind it.
+    """One row per lost attempt, with the fault behind it (the rule of the chaos checks,
+    ``pgqueue.tools.chaos.checks.attribute``).
 
-    For each job, its handler starts in order: every start but the last of a done job is an
-    attempt that was lost, and the next start re-ran it. The cause is the first fault, between
-    a second before the lost start and the re-run, that hit the worker running it, or a server
-    restart (the rule of the chaos checks). Attempts claimed but cut before their handler
-    started leave no start: they are traced to the latest fault before the job's last start.
+    A job's handler starts, in order: every start of a dead job, and every start but the
+    last of a done job (that one finished it), is a lost attempt, and the next start re-ran
+    it. Its cause is the first fault, from a second before the lost start to the re-run,
+    that hit the worker running it, or a server restart. Lost attempts beyond those starts
+    were claims cut before their handler started: traced to the latest fault before the
+    job's last start.
     """
     rows: list[dict[str, Any]] = []
     fault_list = list(faults.itertuples(index=False))
@@ -107,8 +109,9 @@ def trace(jobs: pd.DataFrame, runs: pd.DataFrame, faults: pd.DataFrame) -> pd.Da
     for job in jobs.itertuples(index=False):
         starts = list(by_job.get(job.id, runs.iloc[0:0]).itertuples(index=False))
         lost = job.attempts - (1 if job.status == "done" else 0)
-        pairs = list(zip(starts, [*starts[1:], None], strict=True))[:lost]
-        for run, after in pairs:
+        lost_starts = (starts if job.status != "done" else starts[:-1])[:lost]
+        for n, run in enumerate(lost_starts):
+            after = starts[n + 1] if n + 1 < len(starts) else None
             until = after.started_at if after is not None else None
             begun = run.started_at - pd.Timedelta(seconds=1)
             cause = next(
@@ -122,7 +125,7 @@ def trace(jobs: pd.DataFrame, runs: pd.DataFrame, faults: pd.DataFrame) -> pd.Da
                 None,
             )
             rows.append(_row(job.id, run, after, cause))
-        for _ in range(lost - len(pairs)):  # claims that never reached the handler
+        for _ in range(lost - len(lost_starts)):  # claims that never reached the handler
             after = starts[-1] if starts else None
             until = after.started_at if after is not None else None
             cause = next((f for f in reversed(fault_list) if until is None or f.at <= until), None)
