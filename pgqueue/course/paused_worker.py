@@ -130,8 +130,13 @@ def draw(
     kinds = {e.kind for e in story.log.events()}
     # The legend goes on first, so that the timeline's layout and labels leave room for it.
     fig, ax = plt.subplots(figsize=(10, 1.4 + 0.75 * (2 + len(storage or {}))))
+    from matplotlib.legend_handler import HandlerTuple
+
+    handles, labels = _legend(kinds, stored=bool(storage))
     ax.legend(
-        handles=_legend(kinds, stored=bool(storage)),
+        handles,
+        labels,
+        handler_map={tuple: HandlerTuple(ndivide=None)},
         loc="upper left",
         bbox_to_anchor=(1.01, 1.0),
         fontsize=8,
@@ -201,33 +206,33 @@ def _mark_fences_going_back(ax: Any, storage: Mapping[str, pd.DataFrame], starte
                 ax.set_ylim(max(bottom, y + 0.65), top)
 
 
-def _legend(kinds: set[str], *, stored: bool) -> list[Any]:
-    """Ten entries at most, each a colour with the marks that share it."""
+def _legend(kinds: set[str], *, stored: bool) -> tuple[list[Any], list[str]]:
+    """Ten entries at most, each a colour with the marks that share it: the handles (a
+    tuple draws its marks side by side) and their labels."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    def mark(marker: str, color: str, label: str, *, hollow: bool = False) -> Line2D:
+    def mark(marker: str, color: str, *, hollow: bool = False) -> Line2D:
         face = "none" if hollow else color
-        return Line2D(
-            [], [], linestyle="", marker=marker, color=color, markerfacecolor=face, label=label
-        )
+        return Line2D([], [], linestyle="", marker=marker, color=color, markerfacecolor=face)
 
-    handles: list[Any] = [
-        Patch(facecolor="0.8", alpha=0.6, label="A paused"),
-        Patch(facecolor="tab:blue", alpha=0.3, label="holding the job (red: its end refused)"),
-        Line2D([], [], color="tab:red", alpha=0.5, label="lease in the database (dotted: ran out)"),
-        mark(">", "tab:blue", "claim: a new fence" + (", sent to the row" if stored else "")),
-        mark("D", "tab:green", "write accepted (square: complete)"),
+    lease = Line2D([], [], color="tab:red", alpha=0.5)
+    entries: list[tuple[Any, str]] = [
+        (Patch(facecolor="0.8", alpha=0.6), "A paused"),
+        (Patch(facecolor="tab:blue", alpha=0.3), "holding the job (red: its end refused)"),
+        ((lease, mark("|", "0.35")), "lease in the database, heartbeat (dotted: ran out)"),
+        (mark(">", "tab:blue"), "claim" + (": the row hands out a new fence" if stored else "")),
+        ((mark("D", "tab:green"), mark("s", "tab:green")), "write, complete: accepted"),
     ]
     if "unfenced-write" in kinds:
-        handles.append(mark("P", "darkorange", "write with no fence check: accepted"))
-    handles += [
-        mark("X", "red", "late write refused: 0 rows"),
-        mark("^", "black", "reaper takes the job back"),
-        mark("d", "tab:purple", "A's own clock: lease ran out", hollow=True),
+        entries.append((mark("P", "darkorange"), "write with no fence check: accepted"))
+    entries += [
+        (mark("X", "red"), "late write refused: 0 rows"),
+        (mark("^", "black"), "reaper takes the job back"),
+        (mark("d", "tab:purple", hollow=True), "A's own clock: lease ran out"),
     ]
     if stored:
-        handles.append(
-            Line2D([], [], color="0.45", linewidth=5, alpha=0.35, label="fence stored in the row")
+        entries.append(
+            (Line2D([], [], color="0.45", linewidth=5, alpha=0.35), "fence stored in the row")
         )
-    return handles
+    return [h for h, _ in entries], [label for _, label in entries]
