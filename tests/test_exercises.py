@@ -33,6 +33,29 @@ def test_every_lesson_has_an_exercise() -> None:
     )
 
 
+def test_each_lesson_names_its_databases_by_its_own_number() -> None:
+    """``make test`` runs the notebooks two at a time, so two lessons sharing a database
+    would drop it under each other; and a learner finds lesson NN's rows in course_NN."""
+    import re
+
+    sources = sorted((ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
+    modules = sorted((ROOT / "pgqueue" / "course").rglob("*.py"))
+    owners: dict[str, set[str]] = {}
+    for path in sources + modules:
+        for name in re.findall(r"\bcourse_[0-9a-z_]+", path.read_text(encoding="utf-8")):
+            owners.setdefault(name, set()).add(path.name)
+    assert owners
+    for path in sources:
+        number = path.name[:2]
+        named = {n for n, files in owners.items() if path.name in files}
+        assert named and all(n.startswith(f"course_{number}") for n in named), (path.name, named)
+    lessons = {path.name[:2] for path in sources}
+    for path in modules:  # a numbered database of a module belongs to a lesson that exists
+        for name in (n for n, files in owners.items() if path.name in files):
+            number = name.split("_")[1]
+            assert not number.isdigit() or number in lessons, (path.name, name)
+
+
 def test_make_test_does_not_collect_the_exercise_copies() -> None:
     # The copies cannot run (their checks fail until the learner answers); the root
     # conftest.py keeps nbval away from them. This is make test's own selection.

@@ -19,7 +19,7 @@ from ..queue import JobState, Queue
 from ..worker import Worker
 from .lab import scratch_database
 
-COUNTED = "course_12_statements"  # the scratch database whose commits are counted
+COUNTED = "course_13_statements"  # the scratch database whose commits are counted
 
 
 def place(notebook_loop: asyncio.AbstractEventLoop) -> tuple[str, str]:

@@ -233,13 +233,13 @@ def plot_crashes(crashes: pd.DataFrame, max_attempts: int) -> Figure:
 
 # -- the controls at the end of the notebook --------------------------------------------------
 def vacuum_experiment(jobs: int = 2000, forgotten_session: bool = True) -> None:
-    """In a scratch database of its own (``course_07_try``, autovacuum off for ``jobs``,
+    """In a scratch database of its own (``course_09_try``, autovacuum off for ``jobs``,
     dropped afterwards): a burst of ``jobs`` jobs, with or without a forgotten session
     holding an xid, then VACUUM (and, if there was one, VACUUM again once it ended); draw
     the row versions after each step."""
     import matplotlib.pyplot as plt
 
-    with lab.scratch_database("course_07_try") as scratch, Queue(scratch) as fresh:
+    with lab.scratch_database("course_09_try") as scratch, Queue(scratch) as fresh:
         fresh.conn.execute("ALTER TABLE jobs SET (autovacuum_enabled = false)")
         stages = Stages(fresh.conn)
         blocker = None

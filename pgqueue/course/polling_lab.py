@@ -436,7 +436,7 @@ def plot_bench(bench: pd.DataFrame, stamp: str) -> Figure:
 
 # -- the controls at the end of the notebook --------------------------------------------------
 def try_setting(poll_interval: float = 0.2, listen: bool = False, jobs: int = 6) -> None:
-    """One worker with this setting, in a scratch database of its own (``course_06_try``,
+    """One worker with this setting, in a scratch database of its own (``course_07_try``,
     dropped afterwards), gets ``jobs`` jobs one at a time at random moments; draw each job's
     enqueue-to-start latency against one poll interval."""
     import matplotlib.pyplot as plt
@@ -444,7 +444,7 @@ def try_setting(poll_interval: float = 0.2, listen: bool = False, jobs: int = 6)
 
     seen: dict[int, float] = {}  # job ids start at 1 again in the scratch database
     rows = []
-    with lab.scratch_database("course_06_try") as scratch, Queue(scratch) as fresh:
+    with lab.scratch_database("course_07_try") as scratch, Queue(scratch) as fresh:
         workers = start_workers(scratch, [(poll_interval, listen)], seen)
         try:
             (worker,) = workers.values()

@@ -109,7 +109,7 @@ def check_idle_formula(formula: Callable[[int, int, float, float], float]) -> No
     c, q, p, r = LIVE
     predicted = float(formula(*LIVE))
     names = [f"q{i}" for i in range(1, q + 1)]
-    with lab.scratch_database("course_06_exercise") as dsn:
+    with lab.scratch_database("course_07_exercise") as dsn:
         rates = polling.idle_statements(
             dsn, concurrency=c, queues=names, poll_interval=p, reap_interval=r, seconds=1.2
         )

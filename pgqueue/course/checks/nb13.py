@@ -48,7 +48,7 @@ async def check_async_handler(handler: Callable[[AsyncJob], Awaitable[Any]]) -> 
         finally:
             ends.append(time.monotonic())
 
-    with lab.scratch_database("course_12_exercise") as dsn:
+    with lab.scratch_database("course_13_exercise") as dsn:
         async with AsyncQueue(dsn) as q:
             await q.conn.execute(RECEIPTS)
             ids = await q.enqueue_many(
@@ -174,7 +174,7 @@ def check_statements(predict: Callable[[int, int], tuple[int, int]]) -> None:
         )
         predicted[jobs, batch] = got
     measured = {}
-    with lab.scratch_database("course_12_exercise") as dsn:
+    with lab.scratch_database("course_13_exercise") as dsn:
         for jobs, batch in BACKLOGS:
             queue = f"jobs-{jobs}-batch-{batch}"
             engine_lab.enqueue_noops(dsn, jobs, queue)
