@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
 from importlib import resources
-from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import sql
@@ -21,8 +20,6 @@ from ..errors import BadInput
 from ..events import Event, EventLog
 from ..job import Job
 from ..queue import Queue
-from ..worker import Worker
-from .faults import FaultyWorker
 
 
 @cache
@@ -219,18 +216,6 @@ def race(
     return log
 
 
-# -- the lease-length experiment -----------------------------------------------------
-class LeaseTrial(NamedTuple):
-    """One lease length tried two ways: healthy jobs through a freeze, and a crash."""
-
-    lease: float
-    stolen: int  # of ``jobs`` healthy jobs, how many a rival took over during the freeze
-    jobs: int
-    recovery: float  # seconds from a crash until another worker claimed the job
-    freeze_events: EventLog
-    crash_events: EventLog
-
-
 def wait_for(
     events: EventLog,
     what: str | Callable[[Event], bool],
@@ -248,77 +233,12 @@ def wait_for(
         time.sleep(0.01)
 
 
-def lease_trial(
-    dsn: str,
-    lease: float,
-    *,
-    freeze: float = 0.5,
-    jobs: int = 3,
-    work: float = 0.6,
-    queue: str = "lease-trial",
-) -> LeaseTrial:
-    """Try one lease length: (1) worker A claims ``jobs`` healthy jobs of ``work`` seconds and
-    freezes ``freeze`` seconds (a GC pause) while a rival B reaps and claims: count the jobs
-    B took over (A's refused completes); (2) A crashes right after a claim: time until B
-    claims that job."""
-    common: dict[str, Any] = {
-        "queue": queue,
-        "dsn": dsn,
-        "lease": lease,
-        "poll_interval": 0.05,
-        "reap_interval": 0.05,
-        "listen": False,
-    }
-    with Queue(dsn) as q:
-        q.conn.execute("DELETE FROM jobs WHERE queue = %s", [queue])
-        q.enqueue_many([{"n": i} for i in range(jobs)], queue=queue)
-
-    frozen = EventLog()
-    a = FaultyWorker(
-        lambda job: time.sleep(work), name="A", concurrency=jobs, events=frozen, **common
-    )
-    b = Worker(lambda job: time.sleep(work), name="B", concurrency=jobs, events=frozen, **common)
-    a.start()
-    try:
-        wait_for(frozen, "claim", jobs)
-        b.start()  # B is up and reaping before A freezes, so only the lease decides
-        time.sleep(work / 6)
-        a.pause(freeze)
-        timeout = 10 * (work + freeze + lease)
-        wait_for(frozen, "complete", jobs, timeout=timeout)  # every job done by someone
-        wait_for(frozen, lambda e: e.worker.split(".")[0] == "A" and "complete" in e.kind, jobs)
-    finally:
-        a.stop(grace=freeze + work + 1)
-        b.stop(grace=work + 1)
-    stolen = frozen.count("complete-rejected")
-
-    with Queue(dsn) as q:
-        q.enqueue({"n": "crash"}, queue=queue)
-    crashed = EventLog()
-    a = FaultyWorker(lambda job: None, name="A", events=crashed, **common)
-    a.crash_on_next_claim()
-    a.start()
-    b = Worker(lambda job: None, name="B", events=crashed, **common)
-    try:
-        wait_for(crashed, "crash")
-        b.start()
-        wait_for(crashed, "complete", timeout=10 * lease + 5)
-    finally:
-        b.stop(grace=1)
-        a.stop(grace=0.1)
-    crash_at = crashed.events("crash")[0].t
-    retaken_at = next(e.t for e in crashed.events("claim") if e.worker == "B")
-    return LeaseTrial(lease, stolen, jobs, retaken_at - crash_at, frozen, crashed)
-
-
 __all__ = [
-    "LeaseTrial",
     "claim_without_lock",
     "claim_without_skip_locked",
     "complete_ignoring_fence",
     "drop_database",
     "fresh_database",
-    "lease_trial",
     "race",
     "scratch_database",
     "wait_for",
