@@ -37,7 +37,7 @@ def table_rows(conn: psycopg.Connection) -> dict[str, int]:
 
 
 def burst(q: Queue, dsn: str, n: int, queue: str = "flow") -> float:
-    """Enqueue ``n`` no-op jobs on ``q`` and let a worker with two threads (database ``dsn``)
+    """Enqueue ``n`` no-op jobs on ``q`` and let a worker with two lanes (database ``dsn``)
     drain them; return jobs per second. Returns once the statistics views count the two
     updates (claim, complete) of every job: a session publishes its counters as it closes."""
     row = q.conn.execute(_COUNTS).fetchone()

@@ -19,7 +19,8 @@ MOST_ATTEMPTS = 8  # the provider asks for no more calls than this per order
 def schedule(dsn: str, backoff: float, max_attempts: int) -> list[float]:
     """The delays (seconds) pgqueue's own ``fail`` statement gives a job that fails every
     attempt, with this ``backoff`` and ``max_attempts``: one per retry, until it is dead.
-    Runs against a private jobs table, jumping its clock forward to each retry."""
+    Runs against a private jobs table, in one transaction (so ``now()`` stands still),
+    setting each retry's ``run_at`` back to now instead of waiting for it."""
     delays: list[float] = []
     with sandbox(dsn) as conn:
         q = Queue(conn)

@@ -76,8 +76,8 @@ def check_horizon_query(dsn: str, query: str) -> None:
         HINTS.expect(
             harmless not in found,
             "state",
-            f"the session {harmless!r} is in the answer: it is idle in transaction, but VACUUM "
-            "removed every dead version while it sat there",
+            f"the session {harmless!r} is in the answer: it is idle in transaction, but in the "
+            "notebook VACUUM removed every dead version while a session like it sat there",
             "test backend_xid and backend_xmin, not state: it holds neither",
         )
     HINTS.expect(
