@@ -2,15 +2,16 @@
 
 Tasks on the loop, each on a connection of the engine's own (never lent to a handler):
 - the dispatcher claims a batch whenever a handler slot is free and no claimed job
-  waits, and starts each job, at most ``concurrency`` at once; a job whose lease ran
-  out while it waited is skipped, not run. It runs the reaper too, every
-  ``reap_interval`` (SKIP LOCKED: it never waits for a row somebody holds);
+  waits (or, under a backlog, ahead), for all lanes, at most ``concurrency`` running at
+  once; a job whose lease ran out while it waited is skipped, not run. On the same
+  connection, a task of its own reaps every ``reap_interval`` (SKIP LOCKED: it never waits
+  for a row somebody holds), and another ticks the periodic tasks about once a second;
 - each job runs its handler outside any transaction: an ``async def`` one as a task on
-  this loop, a plain one on a lane thread (``handlers.LaneThread``). Past its timeout the
-  job is failed at once (the fence rises, so the handler's late writes are refused), a
-  coroutine is cancelled and a hung thread retired. Then the job is failed, or its
-  completion buffered: one fenced ``complete_many`` when its batch is over, or sooner
-  once the oldest buffered job has waited ``flush_after``;
+  this loop, a plain one on a lane thread (``lanes.PlainLanes``). Past its timeout the job
+  is marked lost (its handler's late writes are refused here) and failed at once (the fence
+  rises), a coroutine is cancelled and a hung thread retired. Then the job is failed, or
+  its completion buffered: one fenced ``complete_many`` on the finisher's connection when
+  its batch is over, or sooner once the oldest buffered job has waited ``flush_after``;
 - the keeper heartbeats every held job at lease/3 on a connection of its own, marks jobs
   whose lease ran out on this clock as lost, and flushes completions that waited;
 - the listener (optional): LISTEN pgqueue wakes the dispatcher; polling goes on anyway.
