@@ -1,18 +1,69 @@
-"""Notebook 13's benchmark figure: ``data/bench_async.csv`` (an ``AsyncWorker`` and a threaded
-``Worker`` on the same 10,000 jobs of awaited I/O) compared like with like: per handler in
-flight, since the two ran at the concurrency each is built for (500 coroutines, 50 threads)."""
+"""Notebook 13's measurements of awaited I/O: a live drain by an ``AsyncWorker`` at a given
+concurrency (``drain``), and the benchmark figure: ``data/bench_async.csv`` (an
+``AsyncWorker`` and a threaded ``Worker`` on the same 10,000 jobs of awaited I/O) compared
+like with like: per handler in flight, since the two ran at the concurrency each is built
+for (500 coroutines, 50 threads)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from ..async_queue import AsyncQueue
+from ..async_worker import AsyncWorker
+from ..events import EventLog
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 NAMES = {"async": "AsyncWorker", "threads": "Worker (threads)"}
+
+
+async def drain(
+    target: str, concurrency: int, jobs: int = 60, io: float = 0.05
+) -> tuple[EventLog, float, int]:
+    """Drain ``jobs`` jobs of ``io`` seconds of awaited I/O with ``concurrency`` handlers at
+    once on database ``target``; return the events, the seconds it took (from the worker's
+    start to its last job) and the most sessions the worker held meanwhile."""
+    name = f"io-{concurrency}"
+
+    async def io_bound(job: object) -> None:
+        await asyncio.sleep(io)  # the network call: no database work, no connection
+
+    async with AsyncQueue(target) as queue:
+        await queue.enqueue_many([{}] * jobs, queue=name)
+        events = EventLog()
+        worker = AsyncWorker(
+            io_bound,
+            queue=name,
+            dsn=target,
+            concurrency=concurrency,
+            batch=min(concurrency, 50),
+            listen=False,
+            burst=True,
+            events=events,
+            name=name,
+        )
+        began = time.monotonic()
+        await worker.start()
+        finished = asyncio.create_task(worker.join())
+        sessions = 0
+        while not finished.done():
+            cur = await queue.conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                [worker.app_name],
+            )
+            row = await cur.fetchone()
+            sessions = max(sessions, row[0] if row else 0)
+            await asyncio.sleep(0.01)
+        seconds = time.monotonic() - began
+        await worker.stop()
+        assert worker.done == jobs
+    return events, seconds, sessions
 
 
 def per_handler(path: Path) -> tuple[pd.DataFrame, str]:
