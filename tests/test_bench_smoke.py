@@ -133,6 +133,10 @@ def test_polling_claim_and_peers_produce_rows(small: Bench) -> None:
     }
     churned = [r for r in claim if r["phase"] == "churned, not vacuumed"]
     assert churned and churned[0]["dead_tuples"] > 0
+    by_phase = {r["phase"]: r for r in claim if r["phase"] != "vacuumed"}
+    # VACUUM removed the churn's dead versions, except while a session held the horizon
+    assert by_phase["churned, vacuumed"]["dead_tuples"] < 500
+    assert by_phase["churned, vacuumed, horizon held"]["dead_tuples"] >= 500
     assert all(r["samples"] > 0 and r["claim_ms_median"] > 0 for r in claim)
 
     peers = bench.bench_peers(small, n_jobs=50, single_jobs=10, chunk=20, repeats=1)

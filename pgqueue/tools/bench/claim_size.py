@@ -92,7 +92,8 @@ def bench_claim(
     """Claim latency (claim of ``batch`` jobs) with 0 ... millions of done rows, with the
     seed's partial index and with an ordinary (queue, run_at) index as the counterfactual;
     and after ``churn`` jobs went ready -> running -> done with autovacuum off (dead tuples,
-    dead index entries), before and after a VACUUM.
+    dead index entries), before and after a VACUUM, and vacuumed while another session held
+    the vacuum horizon (an open transaction with an xid, kept open while the claims run).
 
     Every case has a database of its own, built first; then the claims are measured in
     interleaved rounds across all of them, so the machine's noise hits every case alike.
@@ -101,6 +102,7 @@ def bench_claim(
     churn = churn if churn is not None else (20_000 if bench.quick else 200_000)
     cases: dict[tuple[str, str, int], str] = {}  # (index, phase, done rows) -> dsn
     bar = _progress(len(sizes) + 1 + samples // 20, "claim cost", bench.progress)
+    holder: psycopg.Connection | None = None  # the session that holds the horizon
     try:
         have, previous = 0, None
         for size in sizes:
@@ -134,6 +136,22 @@ def bench_claim(
             conn.execute("VACUUM jobs")
         cases[("partial", "churned, not vacuumed", churn)] = dirty
         cases[("partial", "churned, vacuumed", churn)] = clean
+        # The same churn while another session holds the vacuum horizon (an open transaction
+        # with an xid, as an idle-in-transaction session has): VACUUM runs and can remove
+        # none of it, and the session stays open while the claims are measured.
+        bar.set_postfix_str(f"churn of {churn:,} jobs, horizon held")
+        held = bench.database("bench_claim_churn_held")
+        holder = psycopg.connect(held)  # not autocommit: its transaction stays open
+        holder.execute("SELECT txid_current()")
+        with connect(held) as conn:
+            _add_ready(conn, churn)
+            conn.execute(
+                "UPDATE jobs SET status = 'running', fence = fence + 1, attempts = attempts + 1"
+                " WHERE status = 'ready'"
+            )
+            conn.execute("UPDATE jobs SET status = 'done' WHERE status = 'running'")
+            conn.execute("VACUUM jobs")  # removes nothing the open transaction may still see
+        cases[("partial", "churned, vacuumed, horizon held", churn)] = held
         for dsn in cases.values():
             with connect(dsn) as conn:
                 _add_ready(conn, (samples + 10) * batch)  # newer than every done job
@@ -161,6 +179,8 @@ def bench_claim(
             for queue in queues.values():
                 queue.close()
     finally:
+        if holder is not None:
+            holder.close()
         bar.close()
     rows = []
     for (index, phase, done_rows), lat in latencies.items():
