@@ -251,6 +251,8 @@ def test_claim_cases_read_the_dead_versions_from_the_committed_data() -> None:
     assert list(cases.index) == list(failures.CLAIM_CASES)
     kept = cases.loc["jobs churned, dead versions kept"]
     assert kept.dead_tuples > 0 and cases.loc["the same table after VACUUM"].dead_tuples == 0
+    held = cases.loc["the same churn, VACUUM while a session held the horizon"]
+    assert held.dead_tuples == kept.dead_tuples  # VACUUM under the held horizon removed none
     where = failures.stamp(claim, machine)
     assert claim["date_utc"].iloc[0] in where and str(claim["cores"].iloc[0]) in where
     _titled(failures.plot_claim_cases(cases, where))

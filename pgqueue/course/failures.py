@@ -59,6 +59,10 @@ CLAIM_CASES = {
     "5,000,000 done jobs, vacuumed": ("vacuumed", 5_000_000),
     "jobs churned, dead versions kept": ("churned, not vacuumed", None),
     "the same table after VACUUM": ("churned, vacuumed", None),
+    "the same churn, VACUUM while a session held the horizon": (
+        "churned, vacuumed, horizon held",
+        None,
+    ),
 }
 
 
@@ -120,7 +124,7 @@ def plot_claim_cases(cases: pd.DataFrame, where: str) -> Figure:
             plt.Rectangle((0, 0), 1, 1, color="C0", label="median, vacuumed"),
             *ax.get_legend_handles_labels()[0],
         ],
-        loc="lower right",
+        loc="upper right",
         fontsize=8,
     )
     fig.tight_layout(rect=(0, 0.07, 1, 1))
