@@ -128,20 +128,26 @@ def compare(
 
 def summary(runs: dict[str, EventLog]) -> pd.DataFrame:
     """One row per run: jobs done, jobs claimed twice, seconds (first event to last
-    completion: connecting is not draining), jobs per second, seconds waited for locks."""
+    completion: connecting is not draining), jobs per second, seconds waited for locks, and
+    the median time from a job's claim to its accepted completion (its work, and any wait
+    of the completing ``UPDATE`` for a row lock)."""
     rows = {}
     for style, log in runs.items():
         frame = log.to_frame()
         done = frame[frame["kind"] == "complete"]
         waits = frame.loc[frame["kind"] == "lock-wait", "detail"].astype(float)
         seconds = done["s"].max() - frame["s"].min()
-        twice = frame[frame["kind"] == "claim"].job_id.value_counts() > 1
+        claimed = frame[frame["kind"] == "claim"]
+        twice = claimed.job_id.value_counts() > 1
+        last_claim = claimed.groupby("job_id")["s"].max()  # the claim whose complete counted
+        held = (done.set_index("job_id")["s"] - last_claim).dropna()
         rows[style] = {
             "jobs done": len(done),
             "jobs claimed twice": int(twice.sum()),
             "seconds": seconds,
             "jobs per second": len(done) / seconds,
             "seconds spent waiting for locks": waits.sum(),
+            "median claim to complete (s)": held.median(),
         }
     return pd.DataFrame(rows).T
 
