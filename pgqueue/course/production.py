@@ -34,8 +34,9 @@ def churn(q: Queue, n: int, queue: str = "churn") -> None:
 
 def vacuum_verbose(conn: psycopg.Connection, table: str = "jobs") -> dict[str, int]:
     """``VACUUM (VERBOSE)`` one table; return the dead versions it removed, those it had to
-    keep (``not_removable``: still visible to some open snapshot or transaction), and how
-    many transaction ids old its removal cutoff was."""
+    keep (``not_removable``: still visible to some open snapshot or transaction), its removal
+    cutoff (``cutoff_xid``: the oldest transaction id it had to respect) and how many
+    transaction ids old that was when it ended."""
     notes: list[str] = []
 
     def keep(diag: psycopg.errors.Diagnostic) -> None:  # valid only inside the callback
@@ -48,10 +49,11 @@ def vacuum_verbose(conn: psycopg.Connection, table: str = "jobs") -> dict[str, i
         conn.remove_notice_handler(keep)
     report = next(n for n in notes if "finished vacuuming" in n and f".{table}" in n)
     tuples = re.search(r"tuples: (\d+) removed, (\d+) remain, (\d+) are dead but not yet", report)
-    cutoff = re.search(r"which was (\d+) XIDs old", report)
+    cutoff = re.search(r"removable cutoff: (\d+), which was (\d+) XIDs old", report)
     assert tuples is not None and cutoff is not None, f"unexpected VACUUM report: {report}"
     removed, _remain, kept = map(int, tuples.groups())
-    return {"removed": removed, "not_removable": kept, "cutoff_xids_old": int(cutoff.group(1))}
+    xid, old = map(int, cutoff.groups())
+    return {"removed": removed, "not_removable": kept, "cutoff_xid": xid, "cutoff_xids_old": old}
 
 
 def session_state(conn: psycopg.Connection, application_name: str) -> dict[str, Any]:

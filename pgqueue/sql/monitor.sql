@@ -32,10 +32,12 @@ GROUP BY queue;
 -- name: monitor_leases
 -- The running jobs whose leases end first (at most %(limit)s): id, queue, fence, attempt,
 -- seconds of lease left (negative: it ran out, the reaper may take the job back) and
--- seconds since the attempt began.
+-- seconds since the attempt began. By this statement's clock, not now(): the look's
+-- transaction began earlier, and a heartbeat that committed since (this statement sees it)
+-- set lease_until from a later now(), so now() would show more than a whole lease left.
 SELECT id, queue, fence, attempts,
-       extract(epoch FROM lease_until - now())::float8,
-       extract(epoch FROM now() - started_at)::float8
+       extract(epoch FROM lease_until - statement_timestamp())::float8,
+       extract(epoch FROM statement_timestamp() - started_at)::float8
 FROM jobs
 WHERE status = 'running' AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
 ORDER BY lease_until, id
