@@ -30,7 +30,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from conftest import rows
+from conftest import rows, wait_for
 from pgqueue import Queue
 
 PGQUEUE = str(Path(sys.executable).parent / "pgqueue")
@@ -239,15 +239,6 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     yield start
     for worker in started:
         worker.kill()
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := check():
-            return result
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def _one_line_naming_the_flag(result: subprocess.CompletedProcess, command: str) -> None:

@@ -206,14 +206,20 @@ def race(
             errors.append(exc)
             start.abort()
 
-    threads = [threading.Thread(target=drain, args=(f"w{i + 1}",)) for i in range(workers)]
+    lanes = [threading.Thread(target=drain, args=(f"w{i + 1}",)) for i in range(workers)]
+    run_threads(lanes, errors)
+    return log
+
+
+def run_threads(threads: list[threading.Thread], errors: list[BaseException]) -> None:
+    """Start ``threads``, wait for them all, then raise the first error one of them put in
+    ``errors`` (threads cannot raise into their caller: each records what it caught)."""
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     if errors:
         raise errors[0]
-    return log
 
 
 def wait_for(
@@ -240,6 +246,7 @@ __all__ = [
     "drop_database",
     "fresh_database",
     "race",
+    "run_threads",
     "scratch_database",
     "wait_for",
     "write_report_ignoring_fence",

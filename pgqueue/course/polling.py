@@ -22,7 +22,7 @@ from ..events import EventLog
 from ..job import Job
 from ..queue import Queue
 from ..worker import Worker
-from .lab import wait_for
+from .lab import run_threads, wait_for
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -288,12 +288,7 @@ def burst_trials(
         threading.Thread(target=run, args=(i, poll, listen))
         for i, (poll, listen) in enumerate(settings)
     ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
+    run_threads(threads, errors)
     return pd.DataFrame(rows).sort_values(["listen", "poll_interval_s", "round"], ignore_index=True)
 
 

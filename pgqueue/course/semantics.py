@@ -11,6 +11,7 @@ import pandas as pd
 
 from ..queue import Queue
 from ..worker import Worker
+from .lab import run_threads
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -167,11 +168,5 @@ def enqueue_together(dsn: str, key: str, *, threads: int = 8, queue: str = "repo
             errors.append(exc)
             start.abort()
 
-    pool = [threading.Thread(target=enqueue, args=(n,)) for n in range(threads)]
-    for thread in pool:
-        thread.start()
-    for thread in pool:
-        thread.join()
-    if errors:
-        raise errors[0]
+    run_threads([threading.Thread(target=enqueue, args=(n,)) for n in range(threads)], errors)
     return ids

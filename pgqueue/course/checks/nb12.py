@@ -8,6 +8,7 @@ import threading
 import psycopg
 
 from ...db import first_line
+from ..lab import run_threads
 from . import ExerciseFailed, expect, passed
 from .tiers import Hints
 
@@ -42,13 +43,7 @@ def _together(dsn: str, queue: str, key: str, threads: int = 8) -> int:
             errors.append(exc)
             start.abort()
 
-    pool = [threading.Thread(target=insert) for _ in range(threads)]
-    for thread in pool:
-        thread.start()
-    for thread in pool:
-        thread.join()
-    if errors:
-        raise errors[0]
+    run_threads([threading.Thread(target=insert) for _ in range(threads)], errors)
     return sum(added)
 
 

@@ -58,6 +58,17 @@ def _add_ready(conn: psycopg.Connection, n: int) -> None:
     )
 
 
+def _churn(conn: psycopg.Connection, n: int) -> None:
+    """Take ``n`` new jobs ready -> running -> done as claims and completions would: two
+    dead row versions each, and dead entries in the ready index."""
+    _add_ready(conn, n)
+    conn.execute(
+        "UPDATE jobs SET status = 'running', fence = fence + 1, attempts = attempts + 1"
+        " WHERE status = 'ready'"
+    )
+    conn.execute("UPDATE jobs SET status = 'done' WHERE status = 'running'")
+
+
 def _clone(bench: Bench, source: str, name: str) -> str:
     """A copy of database ``source`` named ``name`` (file copy: fast for big tables)."""
     bench.databases.append(name)
@@ -125,12 +136,7 @@ def bench_claim(
         dirty = bench.database("bench_claim_churn")
         with connect(dirty) as conn:
             conn.execute("ALTER TABLE jobs SET (autovacuum_enabled = false)")
-            _add_ready(conn, churn)
-            conn.execute(
-                "UPDATE jobs SET status = 'running', fence = fence + 1, attempts = attempts + 1"
-                " WHERE status = 'ready'"
-            )
-            conn.execute("UPDATE jobs SET status = 'done' WHERE status = 'running'")
+            _churn(conn, churn)
         clean = _clone(bench, "bench_claim_churn", "bench_claim_churn_vacuumed")
         with connect(clean) as conn:
             conn.execute("VACUUM jobs")
@@ -144,12 +150,7 @@ def bench_claim(
         holder = psycopg.connect(held)  # not autocommit: its transaction stays open
         holder.execute("SELECT txid_current()")
         with connect(held) as conn:
-            _add_ready(conn, churn)
-            conn.execute(
-                "UPDATE jobs SET status = 'running', fence = fence + 1, attempts = attempts + 1"
-                " WHERE status = 'ready'"
-            )
-            conn.execute("UPDATE jobs SET status = 'done' WHERE status = 'running'")
+            _churn(conn, churn)
             conn.execute("VACUUM jobs")  # removes nothing the open transaction may still see
         cases[("partial", "churned, vacuumed, horizon held", churn)] = held
         for dsn in cases.values():

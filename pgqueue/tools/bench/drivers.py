@@ -17,9 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ...async_queue import AsyncQueue
-from ...db import connect
 from ...queue import Queue
-from .runner import QUEUE, Bench, _count, _progress
+from .runner import QUEUE, Bench, _count, _progress, _spread, prefill
 
 DRIVERS_COLUMNS = [
     "system",
@@ -40,15 +39,6 @@ SYNC = "sync driver (Queue: claim, complete_many)"
 ASYNC = "async driver (AsyncQueue: the engine's statements)"
 THREAD = "sync driver on a thread, each statement handed over from an event loop"
 HOP = "event loop -> thread -> event loop (run_in_executor of a no-op)"
-
-
-def _fill(dsn: str, n: int) -> None:
-    with connect(dsn) as conn:
-        conn.execute("TRUNCATE jobs RESTART IDENTITY")
-        conn.execute(
-            "INSERT INTO jobs (queue, payload) SELECT %s, '{}'::jsonb FROM generate_series(1, %s)",
-            (QUEUE, n),
-        )
 
 
 def _timed(drain: Callable[[], None]) -> tuple[float, float]:
@@ -117,7 +107,7 @@ def bench_drivers(
         for r in range(bench.repeats):
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 bar.set_postfix_str(name.split(" (")[0])
-                _fill(dsn, n_jobs)
+                prefill(dsn, n_jobs)
                 wall, used = _timed(lambda name=name: systems[name](dsn, batch))
                 if (done := _count(dsn, "done")) != n_jobs:
                     raise RuntimeError(f"{name}: {done} of {n_jobs} jobs done")
@@ -130,32 +120,36 @@ def bench_drivers(
         bar.close()
     rows = []
     for name in names:
-        ratios = [c / s for c, s in zip(cpu[name], cpu[SYNC], strict=True)]
+        med, lo, hi = _spread(cpu[name])
+        ratio, ratio_lo, ratio_hi = _spread(
+            [c / s for c, s in zip(cpu[name], cpu[SYNC], strict=True)]
+        )
         rows.append(
             {
                 "system": name,
                 "batch": batch,
                 "n": n_jobs,
                 "runs": len(cpu[name]),
-                "client_cpu_us_median": round(statistics.median(cpu[name]), 1),
-                "client_cpu_us_min": round(min(cpu[name]), 1),
-                "client_cpu_us_max": round(max(cpu[name]), 1),
+                "client_cpu_us_median": round(med, 1),
+                "client_cpu_us_min": round(lo, 1),
+                "client_cpu_us_max": round(hi, 1),
                 "per": "job",
                 "jobs_per_s_median": round(statistics.median(rate[name]), 1),
-                "cpu_ratio_to_sync": round(statistics.median(ratios), 3),
-                "cpu_ratio_to_sync_min": round(min(ratios), 3),
-                "cpu_ratio_to_sync_max": round(max(ratios), 3),
+                "cpu_ratio_to_sync": round(ratio, 3),
+                "cpu_ratio_to_sync_min": round(ratio_lo, 3),
+                "cpu_ratio_to_sync_max": round(ratio_hi, 3),
             }
         )
+    hop, hop_lo, hop_hi = _spread(hops)
     rows.append(
         {
             "system": HOP,
             "batch": "",
             "n": hop_n,
             "runs": len(hops),
-            "client_cpu_us_median": round(statistics.median(hops), 1),
-            "client_cpu_us_min": round(min(hops), 1),
-            "client_cpu_us_max": round(max(hops), 1),
+            "client_cpu_us_median": round(hop, 1),
+            "client_cpu_us_min": round(hop_lo, 1),
+            "client_cpu_us_max": round(hop_hi, 1),
             "per": "round trip",
             "jobs_per_s_median": "",
             "cpu_ratio_to_sync": "",
