@@ -94,7 +94,8 @@ class StatementLog:
         with connect(self.dsn) as conn:
             rows = conn.execute(
                 "SELECT app, query, at FROM course_statement_log"
-                " WHERE at >= coalesce(%s, '-infinity') AND at < coalesce(%s, 'infinity')"
+                " WHERE at >= coalesce(%s::float8, '-infinity')"
+                " AND at < coalesce(%s::float8, 'infinity')"
                 " ORDER BY at",
                 [since, until],
             ).fetchall()
@@ -134,11 +135,11 @@ def idle_statements(
     poll_interval: float = 2.0,
     reap_interval: float = 5.0,
     seconds: float = 2.0,
-    warmup: float = 0.5,
+    warmup: float = 0.3,
     name: str = "idle",
 ) -> dict[str, float]:
     """Statements per second, by kind, that one Worker (listening, as by default) sends to
-    empty ``queues`` over ``seconds``, after ``warmup`` seconds of start-up."""
+    empty ``queues`` over ``seconds``, from ``warmup`` seconds after its first statement."""
     with statement_log(dsn) as log:
         worker = Worker(
             lambda job: None,
@@ -150,6 +151,10 @@ def idle_statements(
             name=name,
         ).start()
         try:
+            # The window opens once the worker polls (start-up takes longer on a busy machine).
+            deadline = time.monotonic() + 10
+            while name not in log.frame().worker.values and time.monotonic() < deadline:
+                time.sleep(0.05)
             time.sleep(warmup)
             since = log.now()
             time.sleep(seconds)

@@ -13,7 +13,11 @@ from .tiers import Hints
 # (concurrency, queues, poll_interval, reap_interval): settings the formula is tried on.
 CASES = [(1, 1, 2.0, 5.0), (4, 1, 0.1, 5.0), (1, 3, 1.0, 5.0), (2, 2, 0.25, 0.5), (3, 2, 0.5, 1.0)]
 LIVE = (2, 2, 0.25, 0.5)  # the setting measured on a real worker
-TOLERANCE = 0.3  # measured against predicted, relative: polls come a claim's time late
+SECONDS = 2.0  # the live window
+# Measured against predicted: polls and reaps can come late on a busy machine (a claim's
+# time, a thread woken late), never early, so the live rate may fall well below the model
+# and rise only a little above it (a statement more at either edge of the window).
+LOW, HIGH = 0.5, 1.3
 
 
 def _reference(concurrency: int, queues: int, poll: float, reap: float) -> float:
@@ -111,12 +115,13 @@ def check_idle_formula(formula: Callable[[int, int, float, float], float]) -> No
     names = [f"q{i}" for i in range(1, q + 1)]
     with lab.scratch_database("course_07_exercise") as dsn:
         rates = polling.idle_statements(
-            dsn, concurrency=c, queues=names, poll_interval=p, reap_interval=r, seconds=1.2
+            dsn, concurrency=c, queues=names, poll_interval=p, reap_interval=r, seconds=SECONDS
         )
     measured = sum(rates.values())
+    edge = 2 / SECONDS  # a claim and a reap more or fewer at the window's edges
     detail = ", ".join(f"{kind} {rate:.1f}/s" for kind, rate in sorted(rates.items()))
     hints.expect(
-        abs(measured - predicted) <= TOLERANCE * predicted,
+        LOW * predicted - edge <= measured <= HIGH * predicted + edge,
         "live",
         f"a real worker ({c} lanes, {q} queues, poll {p:g} s, reap {r:g} s) sent "
         f"{measured:.1f} statements/s ({detail}); your formula says {predicted:.1f}",
@@ -124,6 +129,6 @@ def check_idle_formula(formula: Callable[[int, int, float, float], float]) -> No
     )
     passed(
         f"your formula predicts {predicted:g} statements/s for {c} lanes on {q} queues "
-        f"(poll {p:g} s, reap {r:g} s), and a real idle worker sent that, within "
-        f"{TOLERANCE:.0%}"
+        f"(poll {p:g} s, reap {r:g} s), and a real idle worker sent about that (fewer only "
+        "when a busy machine makes its polls come late)"
     )
