@@ -37,6 +37,9 @@ class AsyncJob(Job):
     )
     # Set by an AsyncWorker: lends the job a connection on first use (None: use ``conn``).
     borrow: Borrow | None = field(default=None, repr=False, compare=False)
+    # The connection ``borrow`` lent, given back when the handler returns (even if the
+    # handler put another in ``conn``).
+    lent: psycopg.AsyncConnection | None = field(default=None, repr=False, compare=False)
     _borrowing: asyncio.Lock | None = field(default=None, init=False, repr=False, compare=False)
 
     async def connection(self) -> psycopg.AsyncConnection:
@@ -51,7 +54,7 @@ class AsyncJob(Job):
             self._borrowing = asyncio.Lock()
         async with self._borrowing:
             if self.conn is None:
-                self.conn = await self.borrow()
+                self.conn = self.lent = await self.borrow()
         return self.conn
 
     async def fenced_write(  # type: ignore[override]

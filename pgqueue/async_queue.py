@@ -100,13 +100,12 @@ async def async_connect(
     autocommit: bool = True,
     application_name: str = "pgqueue",
     pgbouncer: bool = False,
-    cls: type[psycopg.AsyncConnection[Any]] = psycopg.AsyncConnection,
 ) -> psycopg.AsyncConnection:
     """``pgqueue.connect`` for asyncio: the same DSN order, keepalives and one-line errors.
     Finding the DSN may start the embedded server: that runs in a thread, not the loop."""
     target = dsn or await asyncio.to_thread(resolve_dsn, dsn)
     with connecting(target, autocommit=autocommit, application_name=application_name) as kw:
-        conn = await cls.connect(target, **kw)
+        conn = await psycopg.AsyncConnection.connect(target, **kw)
     if pgbouncer:
         conn.prepare_threshold = None
     return conn

@@ -146,16 +146,15 @@ def connect(
     autocommit: bool = True,
     application_name: str = "pgqueue",
     pgbouncer: bool = False,
-    cls: type[psycopg.Connection[Any]] = psycopg.Connection,
 ) -> psycopg.Connection:
     """Open a connection (autocommit by default: every statement is its own short
     transaction, so no session sits idle in a transaction). ``application_name`` shows
     in ``pg_stat_activity``, so you can tell workers apart there. With ``pgbouncer``, no
     server-side prepared statements: in transaction mode each statement may land on
-    another server connection. ``cls``: a subclass of ``psycopg.Connection`` to open."""
+    another server connection."""
     target = resolve_dsn(dsn)
     with connecting(target, autocommit=autocommit, application_name=application_name) as kw:
-        conn = cls.connect(target, **kw)
+        conn = psycopg.Connection.connect(target, **kw)
     if pgbouncer:
         conn.prepare_threshold = None
     return conn

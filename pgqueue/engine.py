@@ -49,10 +49,8 @@ from .errors import ConnectError, PgQueueError
 from .events import EventLog, NullEventLog
 from .handlers import (
     LEFT_OPEN,
-    AsyncHandlerConnection,
     ConnectionPool,
     Failure,
-    HandlerConnection,
     LaneJob,
     Outcome,
     describe,
@@ -788,9 +786,9 @@ class Engine:
                     failure = outcome_of(result)
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, CancelledError too
             failure = failure_of(exc)
-        conn, job.conn, job.borrow = job.conn, None, None
+        conn, job.lent, job.conn, job.borrow = job.lent, None, None, None
         pool = self._pool
-        if isinstance(conn, AsyncHandlerConnection) and pool and await pool.put(conn):
+        if conn is not None and pool and await pool.put(conn):
             failure = failure if isinstance(failure, Failure) else LEFT_OPEN
         return failure
 
@@ -798,21 +796,13 @@ class Engine:
         assert self._pool is not None
         return await self._pool.get()
 
-    def _connect_plain(self) -> HandlerConnection:
+    def _connect_plain(self) -> psycopg.Connection:
         o = self.options
-        conn = connect(
-            o.dsn, application_name=o.app_name, pgbouncer=o.pgbouncer, cls=HandlerConnection
-        )
-        assert isinstance(conn, HandlerConnection)
-        return conn
+        return connect(o.dsn, application_name=o.app_name, pgbouncer=o.pgbouncer)
 
-    async def _connect_async(self) -> AsyncHandlerConnection:
+    async def _connect_async(self) -> psycopg.AsyncConnection:
         o = self.options
-        conn = await async_connect(
-            o.dsn, application_name=o.app_name, pgbouncer=o.pgbouncer, cls=AsyncHandlerConnection
-        )
-        assert isinstance(conn, AsyncHandlerConnection)
-        return conn
+        return await async_connect(o.dsn, application_name=o.app_name, pgbouncer=o.pgbouncer)
 
     # -- each job's rules: its task's, else the worker's -----------------------------------
     def _task_of(self, job: Job) -> Task | None:

@@ -10,7 +10,6 @@ import contextlib
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -97,41 +96,12 @@ def is_coroutine_function(fn: object) -> bool:
 
 
 # -- the connections handlers get --------------------------------------------------------
-class HandlerConnection(psycopg.Connection[Any]):
-    """A plain handler's connection: notes whether the handler used it, so a handler that
-    never touched it costs no reset."""
-
-    used = False
-
-    def cursor(self, *args: Any, **kwargs: Any) -> Any:
-        self.used = True
-        return super().cursor(*args, **kwargs)
-
-    def transaction(self, *args: Any, **kwargs: Any) -> Any:
-        self.used = True
-        return super().transaction(*args, **kwargs)
-
-
-class AsyncHandlerConnection(psycopg.AsyncConnection[Any]):
-    """An async handler's connection, noting its use the same way."""
-
-    used = False
-
-    def cursor(self, *args: Any, **kwargs: Any) -> Any:
-        self.used = True
-        return super().cursor(*args, **kwargs)
-
-    def transaction(self, *args: Any, **kwargs: Any) -> Any:
-        self.used = True
-        return super().transaction(*args, **kwargs)
-
-
-def reset_steps(conn: HandlerConnection | AsyncHandlerConnection, pgbouncer: bool) -> list[str]:
-    """What to do with a handler's connection before the next job gets it, decided from its
-    state alone: ``drop`` (closed, broken, or autocommit turned off: no reset undoes that),
-    ``rollback`` (a transaction left open or failed: the job fails too), ``discard`` (the
-    handler used it: ``RESET_SESSION`` undoes its SETs, cursors, LISTENs, advisory locks
-    and temp tables; behind PgBouncer session state does not stick, so nothing to undo)."""
+def reset_steps(conn: psycopg.Connection | psycopg.AsyncConnection, pgbouncer: bool) -> list[str]:
+    """What to do with a connection a handler had before the next job gets it, decided
+    from its state alone: ``drop`` (closed, broken, or autocommit turned off: no reset
+    undoes that), ``rollback`` (a transaction left open or failed: the job fails too),
+    ``discard`` (``RESET_SESSION`` undoes its SETs, cursors, LISTENs, advisory locks and
+    temp tables; behind PgBouncer session state does not stick, so nothing to undo)."""
     if conn.closed or conn.broken:
         return ["drop"]
     steps = []
@@ -139,12 +109,12 @@ def reset_steps(conn: HandlerConnection | AsyncHandlerConnection, pgbouncer: boo
         steps.append("rollback")
     if not conn.autocommit:
         steps.append("drop")
-    elif conn.used and not pgbouncer:
+    elif not pgbouncer:
         steps.append("discard")
     return steps
 
 
-def reset(conn: HandlerConnection, pgbouncer: bool) -> tuple[bool, bool]:
+def reset(conn: psycopg.Connection, pgbouncer: bool) -> tuple[bool, bool]:
     """Reset a plain handler's connection: (keep it, a transaction was left open)."""
     steps = reset_steps(conn, pgbouncer)
     try:
@@ -154,11 +124,10 @@ def reset(conn: HandlerConnection, pgbouncer: bool) -> tuple[bool, bool]:
             conn.execute(RESET_SESSION)
     except psycopg.Error:
         steps.append("drop")
-    conn.used = False
     return "drop" not in steps, "rollback" in steps
 
 
-async def async_reset(conn: AsyncHandlerConnection, pgbouncer: bool) -> tuple[bool, bool]:
+async def async_reset(conn: psycopg.AsyncConnection, pgbouncer: bool) -> tuple[bool, bool]:
     """``reset`` for an async handler's connection."""
     steps = reset_steps(conn, pgbouncer)
     try:
@@ -168,7 +137,6 @@ async def async_reset(conn: AsyncHandlerConnection, pgbouncer: bool) -> tuple[bo
             await conn.execute(RESET_SESSION)
     except psycopg.Error:
         steps.append("drop")
-    conn.used = False
     return "drop" not in steps, "rollback" in steps
 
 
@@ -178,15 +146,15 @@ class ConnectionPool:
     changed past resetting is closed. (A minimal pool: psycopg_pool is not a dependency.)"""
 
     def __init__(
-        self, size: int, connect: Callable[[], Awaitable[AsyncHandlerConnection]], pgbouncer: bool
+        self, size: int, connect: Callable[[], Awaitable[psycopg.AsyncConnection]], pgbouncer: bool
     ) -> None:
         self._connect = connect
         self._pgbouncer = pgbouncer
-        self._idle: list[AsyncHandlerConnection] = []
+        self._idle: list[psycopg.AsyncConnection] = []
         self._slots = asyncio.Semaphore(size)
         self.closed = False
 
-    async def get(self) -> AsyncHandlerConnection:
+    async def get(self) -> psycopg.AsyncConnection:
         """A connection of the pool's, waiting while ``size`` are lent."""
         await self._slots.acquire()
         try:
@@ -199,7 +167,7 @@ class ConnectionPool:
             self._slots.release()
             raise
 
-    async def put(self, conn: AsyncHandlerConnection) -> bool:
+    async def put(self, conn: psycopg.AsyncConnection) -> bool:
         """Take a connection back, reset; True if it was left in a transaction."""
         keep = left_open = False
         try:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import psycopg
 
 from .claims import Claim
-from .handlers import LEFT_OPEN, Failure, HandlerConnection, Outcome, failure_of, reset
+from .handlers import LEFT_OPEN, Failure, Outcome, failure_of, reset
 
 # Outcomes of a job that was not started: lost before its turn, or the worker is stopping.
 SKIPPED = Failure("skipped")
@@ -57,7 +57,7 @@ class PlainLanes:
         start: Callable[[Claim], Failure | None],
         run: Run,
         wake: Callable[[], None],
-        connect: Callable[[], HandlerConnection],
+        connect: Callable[[], psycopg.Connection],
         pgbouncer: bool,
         room: Callable[[], bool],
     ) -> None:
@@ -155,12 +155,14 @@ class PlainLanes:
                 self._cond.wait(0.5)
 
     def _serve(self, lane: Lane) -> None:
-        conn: HandlerConnection | None = None
+        conn: psycopg.Connection | None = None
+        asked = False  # the handler asked for the connection: reset it after the job
 
         def connection() -> psycopg.Connection:
-            nonlocal conn
+            nonlocal conn, asked
             if conn is None:
                 conn = self._connect()
+            asked = True
             return conn
 
         try:
@@ -171,7 +173,8 @@ class PlainLanes:
                         outcome = self._run(claim, connection)
                     except BaseException as exc:  # the lane's connection could not be opened
                         outcome = failure_of(exc)
-                    if conn is not None:
+                    if conn is not None and asked:
+                        asked = False
                         keep, left_open = reset(conn, self._pgbouncer)
                         if not keep:
                             with contextlib.suppress(Exception):

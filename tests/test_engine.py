@@ -107,6 +107,32 @@ def test_an_async_handler_that_turns_autocommit_off_harms_no_other_job(
     assert rows(dsn, "SELECT body, job_id FROM side") == [("kept", second)]
 
 
+def test_an_async_handler_that_replaces_job_conn_still_gives_its_lent_connection_back(
+    queue: Queue, dsn: str
+) -> None:
+    """The engine gives back the connection it lent, not whatever the handler left in
+    ``job.conn``: with one connection to lend, a handler that dropped the lent one from
+    ``job.conn`` kept it lent for ever, and every later job waited for a connection."""
+    queue.enqueue_many([{"n": n} for n in range(3)], queue="q")
+
+    async def handler(job: AsyncJob) -> None:
+        await (await job.connection()).execute("SELECT 1")
+        job.conn = None  # the handler forgets it (or puts a connection of its own there)
+
+    async def main() -> AsyncWorker:
+        w = await AsyncWorker(handler, queue="q", dsn=dsn, connections=1, **FAST).start()
+        for _ in range(100):
+            if w.done + w.failed >= 3:
+                break
+            await asyncio.sleep(0.05)
+        await w.stop(grace=1)
+        return w
+
+    w = asyncio.run(main())
+    assert (w.done, w.failed) == (3, 0)
+    assert statuses(dsn) == {"done": 3}
+
+
 # -- heartbeats never wait behind a locked row ---------------------------------------------
 def test_a_locked_expired_row_holds_up_no_heartbeat(queue: Queue, dsn: str) -> None:
     """Another session holds an expired job's row with FOR UPDATE. The reaper skips it
