@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from .db import pgbouncer_mode, resolve_dsn
 from .errors import BadInput
 from .params import MAX_BACKOFF, MAX_LEASE, checked_lease, checked_seconds, queue_names
 from .tasks import Tasks
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class WorkerKeywords(TypedDict, total=False):
@@ -80,32 +83,15 @@ class WorkerOptions:
     tasks: Tasks | None = field(default=None, compare=False)
 
     @classmethod
-    def of(
-        cls,
-        handler: Any,
-        *,
-        queue: str | Sequence[str] | None = None,
-        dsn: str | None = None,
-        concurrency: int = 1,
-        batch: int = 1,
-        lease: float = 30.0,
-        poll_interval: float = 2.0,
-        listen: bool = True,
-        listen_dsn: str | None = None,
-        pgbouncer: bool | None = None,
-        reap_interval: float = 5.0,
-        backoff: float = 1.0,
-        timeout: float | None = None,
-        complete_in_batches: bool = True,
-        flush_after: float = 0.05,
-        connections: int | None = None,
-        burst: bool = False,
-        name: str = "worker",
-        record_events: bool = True,
-        metrics_port: int | None = None,
-    ) -> WorkerOptions:
+    def of(cls, handler: Any, **given: Unpack[WorkerKeywords]) -> WorkerOptions:
         """Check a worker's keyword arguments; what a claim or fail would refuse later is
-        refused here."""
+        refused here. An option not given takes the default of its field below."""
+        unknown = sorted(set(given) - set(WorkerKeywords.__annotations__))
+        if unknown:
+            raise TypeError(f"unexpected keyword argument {unknown[0]!r} for a worker")
+        kw: dict[str, Any] = {f.name: f.default for f in fields(cls)} | dict(given)
+        concurrency, batch, timeout = kw["concurrency"], kw["batch"], kw["timeout"]
+        connections, name, metrics_port = given.get("connections"), kw["name"], kw["metrics_port"]
         if not callable(handler):
             raise BadInput(f"handler must be callable, got {handler!r}")
         whole("concurrency", concurrency, 1, 10_000)
@@ -119,29 +105,30 @@ class WorkerOptions:
         if metrics_port is not None:
             whole("metrics_port", metrics_port, 0, 65535)
         tasks = handler if isinstance(handler, Tasks) else None
+        queue = given.get("queue")
         if queue is None:
             queue = (tasks.queues or ["default"]) if tasks else "default"
         return cls(
             queues=tuple(queue_names(queue)),
-            dsn=resolve_dsn(dsn),
+            dsn=resolve_dsn(given.get("dsn")),
             concurrency=concurrency,
             batch=batch,
-            lease=checked_lease(lease),
-            poll_interval=_interval("poll_interval", poll_interval),
-            listen=bool(listen),
-            listen_dsn=listen_dsn,
+            lease=checked_lease(kw["lease"]),
+            poll_interval=_interval("poll_interval", kw["poll_interval"]),
+            listen=bool(kw["listen"]),
+            listen_dsn=kw["listen_dsn"],
             # Behind PgBouncer in transaction mode a LISTEN would be lost with its server
             # connection: listen only on a direct one (listen_dsn), else poll.
-            pgbouncer=pgbouncer_mode(pgbouncer),
-            reap_interval=_interval("reap_interval", reap_interval),
-            backoff=checked_seconds("backoff", backoff, upper=MAX_BACKOFF),
+            pgbouncer=pgbouncer_mode(given.get("pgbouncer")),
+            reap_interval=_interval("reap_interval", kw["reap_interval"]),
+            backoff=checked_seconds("backoff", kw["backoff"], upper=MAX_BACKOFF),
             timeout=None if timeout is None else float(timeout),
-            complete_in_batches=bool(complete_in_batches),
-            flush_after=checked_seconds("flush_after", flush_after, upper=60.0),
+            complete_in_batches=bool(kw["complete_in_batches"]),
+            flush_after=checked_seconds("flush_after", kw["flush_after"], upper=60.0),
             connections=min(concurrency, 10) if connections is None else connections,
-            burst=bool(burst),
+            burst=bool(kw["burst"]),
             name=name,
-            record_events=bool(record_events),
+            record_events=bool(kw["record_events"]),
             metrics_port=metrics_port,
             tasks=tasks,
         )
