@@ -34,4 +34,5 @@ class Claim:
     ended: float | None = None  # time.monotonic() when the handler returned or raised
     timeout: float | None = None  # this job's (its task's, else the worker's)
     expiry_seen: bool = False  # its lease running out here was reported
+    timed_out: bool = False  # failed at its timeout; what its handler does later is dropped
     result: str | None = None  # the handler's return value as JSON text, to store with it

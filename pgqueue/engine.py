@@ -217,17 +217,15 @@ class Engine:
         # each was added.
         self._buffer: list[tuple[Claim, float]] = []
         self._flusher: asyncio.Task[None] | None = None
-        self._orphans: set[asyncio.Task[Any]] = set()  # handlers cancelled at their timeout
+        self._running: dict[Claim, asyncio.Task[None]] = {}  # async jobs, a task each
         self._free_slots: list[int] = []
         self._next_slot = 1
         self._finishers: set[asyncio.Task[None]] = set()  # a plain job's fail, under way
         self._bell = Bell()  # wakes the dispatcher: a lane is free, a stop, a notification
-        self._work = Bell()  # wakes the lanes: jobs claimed, a stop
-        self._lane_tasks: list[asyncio.Task[None]] = []
         self._plain_handler = not is_coroutine_function(handler)
         tasks = options.tasks
-        # Plain handlers run on lane threads of their own (lanes.py); async ones on
-        # coroutine lanes of this loop. A Tasks registry may need both.
+        # Plain handlers run on lane threads of their own (lanes.py); async ones as tasks
+        # of this loop. A Tasks registry may need both.
         self._plain: PlainLanes | None = None
         if tasks is not None or self._plain_handler:
             self._plain = PlainLanes(
@@ -240,7 +238,6 @@ class Engine:
                 pgbouncer=options.pgbouncer,
                 room=self._room,
             )
-        self._async_lanes = tasks is not None or not self._plain_handler
         self._recording = not isinstance(self.events, NullEventLog)
         self._lane_names = [
             options.name if options.concurrency == 1 else f"{options.name}.{n}"
@@ -273,7 +270,7 @@ class Engine:
     @property
     def working(self) -> bool:
         """Whether the dispatcher or a handler still runs (a burst run ends when not)."""
-        if any(not t.done() for t in self._tasks[:1] + self._lane_tasks) or self._finishers:
+        if any(not t.done() for t in self._tasks[:1]) or self._running or self._finishers:
             return True
         plain = self._plain  # a job running on a lane, waiting for one, or its outcome unfiled
         return plain is not None and bool(plain.busy or plain.waiting or plain.done)
@@ -295,11 +292,6 @@ class Engine:
         log.info("%s", banner)
         self._pool = ConnectionPool(o.connections, self._connect_async, o.pgbouncer)
         self._tasks.append(asyncio.create_task(self._dispatch(), name=f"pgqueue-{o.name}"))
-        if self._async_lanes:
-            self._lane_tasks = [
-                asyncio.create_task(self._run_lane(), name=f"pgqueue-{name}")
-                for name in self._lane_names
-            ]
         self._tasks.append(asyncio.create_task(self._keep(), name=f"pgqueue-{o.name}-keeper"))
         self._tasks.append(asyncio.create_task(self._reaping(), name=f"pgqueue-{o.name}-reaper"))
         if self._schedules:
@@ -330,7 +322,6 @@ class Engine:
         if self._plain is not None:
             self._plain.close()  # busy lanes finish their job; none takes another
         self._bell.ring()
-        self._work.ring()
 
     def call_soon(self, fn: Any, *args: Any) -> None:
         """Run ``fn(*args)`` on the engine's loop, from any thread."""
@@ -351,8 +342,7 @@ class Engine:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return
-            waits = self._tasks[:1] + self._lane_tasks
-            await asyncio.wait(waits, timeout=left if left is None else min(left, 0.5))
+            await self._until_changed(0.5 if left is None else min(left, 0.5))
 
     async def serve(self) -> None:
         """Wait for a stop request, or (burst) for the queue to run dry."""
@@ -377,8 +367,7 @@ class Engine:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            waits = self._tasks[:1] + self._lane_tasks
-            await asyncio.wait(waits, timeout=min(left, 0.1))
+            await self._until_changed(min(left, 0.1))
         if self._plain is not None and self.phase < Phase.LEAVING:
             self._plain_done()  # outcomes that came in since the loop last looked count
         if self.phase < Phase.LEAVING:
@@ -392,12 +381,15 @@ class Engine:
                 await asyncio.wait(list(self._finishers), timeout=left)
         if self.phase < Phase.CLOSED:
             self.phase = Phase.CLOSED
-        doomed = [*self._tasks, *self._lane_tasks, *self._finishers]
+        doomed = [*self._tasks, *self._finishers]
         if self._flusher is not None:
             doomed.append(self._flusher)
-        for task in doomed:
+        handlers = list(self._running.values())  # past the grace: cancelled, left to leases
+        for task in doomed + handlers:
             task.cancel()
         await asyncio.gather(*doomed, return_exceptions=True)
+        if handlers:  # a handler that ignores its cancellation is not waited for
+            await asyncio.wait(handlers, timeout=0.5)
         if self._plain is not None:
             self._plain.close()
         if self._pool is not None:
@@ -406,6 +398,14 @@ class Engine:
         await self._writes_link.drop()
         if self.metrics is not None:
             await asyncio.to_thread(self.metrics.close)
+
+    async def _until_changed(self, timeout: float) -> None:
+        """Wait at most ``timeout`` seconds for the dispatcher or an async job to end."""
+        waits = [t for t in self._tasks[:1] if not t.done()] + list(self._running.values())
+        if waits:
+            await asyncio.wait(waits, timeout=timeout)
+        else:  # plain jobs only: their lanes report to the loop, not to a task
+            await asyncio.sleep(min(timeout, 0.02))
 
     def _stop_for(self, exc: BaseException) -> None:
         """Stop the whole worker on an error no retry can mend (a setting is wrong); the
@@ -459,7 +459,6 @@ class Engine:
                 log.log(level, "%s: %s; carrying on in %.1fs", name, describe(exc), delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
-        self._work.ring()  # lanes waiting for work: the dispatcher is done
         if self._plain is not None:
             self._waiting.extend(self._plain.drain())
         while self._waiting and self.phase < Phase.LEAVING:
@@ -492,7 +491,7 @@ class Engine:
         after = self.seams._after_claim(claimed)
         if inspect.isawaitable(after):
             await after
-        self._work.ring(len(self._waiting))  # as many async lanes as jobs wait for them
+        self._start_async()
         return True
 
     def _wants_jobs(self) -> bool:
@@ -575,41 +574,36 @@ class Engine:
         task = self._task_of(job)
         return not is_coroutine_function(task.fn if task is not None else self.handler)
 
-    # -- lanes: each runs one job at a time ---------------------------------------------
-    async def _run_lane(self) -> None:
-        """Run claimed jobs one at a time until stopped (or, in a burst run, until the
-        dispatcher has found the queue dry and nothing waits)."""
-        work, o = self._work, self.options
-        while self.phase == Phase.WORKING:
-            if not self._waiting or not self._take_slot():
-                if self._tasks[0].done() and not self._waiting:
-                    return  # the dispatcher has ended (burst: the queue is dry)
-                await work.wait(work.generation, o.poll_interval)
-                continue
+    # -- async jobs: a task each, at most ``concurrency`` running (plain jobs included) --
+    def _start_async(self) -> None:
+        """Start claimed async jobs while a slot is free."""
+        while self._waiting and self.phase == Phase.WORKING and self._take_slot():
             claim = self._waiting.popleft()
-            try:
-                await self._run_job(claim)
-            finally:
-                self._busy -= 1
-                if self._plain is not None:
-                    self._plain.ring()  # a slot is free (a mixed registry shares them)
-                if self._wants_jobs():
-                    self._bell.ring()  # a lane is free: the dispatcher may claim
+            task = asyncio.create_task(self._run_job(claim), name=f"pgqueue-{claim.lane}")
+            self._running[claim] = task
+            task.add_done_callback(functools.partial(self._async_ended, claim))
 
-    # -- one job: may it start, the handler, then its ending ------------------------------
+    def _async_ended(self, claim: Claim, task: asyncio.Task[None]) -> None:
+        del self._running[claim]
+        if not claim.timed_out:  # (a job failed at its timeout gave its slot back then)
+            self._busy -= 1
+            if self._plain is not None:
+                self._plain.ring()  # a slot is free (a mixed registry shares them)
+            self._slot_freed()
+
     async def _run_job(self, claim: Claim) -> None:
         try:
             outcome = self._start(claim)
             if outcome is None:
-                outcome = await self._call(claim)
+                outcome = await self._call_async(claim.job)
                 claim.ended = time.monotonic()
                 self.seams._gate()  # a freeze during the handler ends here
-            self._ended(claim, outcome)
-        except asyncio.CancelledError:
-            raise
+            if not claim.timed_out:
+                self._ended(claim, outcome)
         except Exception as exc:  # the bookkeeping failed: leave the job to its lease
             self._forget(claim, describe(exc))
 
+    # -- one job: may it start, and its ending, plain or async ---------------------------
     def _start(self, claim: Claim) -> Failure | None:
         """Whether the job may start now (None: it has started), else why not: the worker
         is stopping (it goes back), or it was lost (taken over, or its lease ran out here)
@@ -624,25 +618,6 @@ class Engine:
         claim.timeout = self._timeout_for(claim.job)
         claim.started = time.monotonic()
         return None
-
-    async def _call(self, claim: Claim) -> Outcome:
-        """Run an async handler as a task of its own; how it ended (a ``Failure``, a
-        ``Done`` with its result, or None).
-        Past its timeout the job is lost at once and the handler cancelled."""
-        job = claim.job
-        handler = asyncio.create_task(self._call_async(job), name=f"pgqueue-{claim.lane}-h")
-        try:
-            done, _ = await asyncio.wait([handler], timeout=claim.timeout)
-        except asyncio.CancelledError:  # the engine's own cancellation: pass it on
-            handler.cancel()
-            raise
-        if done:
-            return Failure("CancelledError") if handler.cancelled() else handler.result()
-        job.mark_lost()  # first: nothing the handler writes from now on is accepted
-        handler.cancel()
-        self._orphans.add(handler)
-        handler.add_done_callback(self._orphans.discard)
-        return self._timed_out(claim)
 
     def _timed_out(self, claim: Claim) -> Failure:
         self.timed_out += 1
@@ -677,8 +652,7 @@ class Engine:
     def _slot_freed(self) -> None:
         """A plain job ended (or its lane was retired): an async job waiting for the slot
         may start (a mixed registry shares them), and the dispatcher may claim."""
-        if self._waiting:
-            self._work.ring(len(self._waiting))
+        self._start_async()
         if self._wants_jobs():
             self._bell.ring()
 
@@ -703,6 +677,9 @@ class Engine:
                     self._buffer.append((claim, time.monotonic()))
                 else:
                     self._spawn_finish(claim, "complete")
+        self._count_down(claim)
+
+    def _count_down(self, claim: Claim) -> None:
         claim.batch.left -= 1
         if claim.batch.left == 0:
             self._flush_soon()  # the batch is over: its completions go now, together
@@ -717,25 +694,30 @@ class Engine:
         if self._wants_jobs():
             self._bell.ring()
 
-    def _time_out_plain(self) -> None:
-        """Fail each plain handler past its timeout and retire its lane (a new one takes
-        its place; the hung thread ends whenever its handler returns)."""
-        if self._plain is None:
-            return
+    def _time_out(self) -> None:
+        """Fail each job whose handler ran past its timeout at once (the fence rises, so
+        its late writes are refused) and free its slot: a coroutine is cancelled, a hung
+        lane retired (a new one takes its place; the thread ends when its handler does)."""
         now = time.monotonic()
-        for lane, claim in self._plain.running():
-            if claim.started is None or claim.timeout is None:
-                continue
-            if now - claim.started <= claim.timeout or not self._plain.retire(lane, claim):
-                continue
-            claim.job.mark_lost()  # first: nothing the handler writes from now on counts
-            failure = self._timed_out(claim)
-            if self._own_finish(claim):
-                self._spawn_finish(claim, "fail", failure)
-            claim.batch.left -= 1
-            if claim.batch.left == 0:
-                self._flush_soon()
-            self._slot_freed()
+        for claim, task in list(self._running.items()):
+            if _late(claim, now) and not claim.timed_out:
+                claim.timed_out = True
+                task.cancel()
+                self._busy -= 1
+                if self._plain is not None:
+                    self._plain.ring()
+                self._fail_late(claim)
+        for lane, claim in self._plain.running() if self._plain is not None else []:
+            if _late(claim, now) and self._plain.retire(lane, claim):
+                self._fail_late(claim)
+
+    def _fail_late(self, claim: Claim) -> None:
+        claim.job.mark_lost()  # first: nothing the handler writes from now on counts
+        failure = self._timed_out(claim)
+        if self._own_finish(claim):
+            self._spawn_finish(claim, "fail", failure)
+        self._count_down(claim)
+        self._slot_freed()
 
     def _call_plain(
         self, job: Job, lane: str, connection: Callable[[], psycopg.Connection]
@@ -999,7 +981,7 @@ class Engine:
                         beating = asyncio.create_task(self._beat(link))
                         next_beat = now + beat_every
                     self._expire()
-                    self._time_out_plain()
+                    self._time_out()
                     waited = 0.0 if self.phase == Phase.STOPPING else self.options.flush_after
                     if self._buffer and now - self._buffer[0][1] >= waited:
                         self._flush_soon()
@@ -1133,6 +1115,12 @@ class Engine:
                 log.warning("%s: listener reconnecting (%s)", o.name, describe(exc))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+
+def _late(claim: Claim, now: float) -> bool:
+    """Whether the job's handler has run past its timeout."""
+    started, timeout = claim.started, claim.timeout
+    return started is not None and timeout is not None and now - started > timeout
 
 
 def _limited(o: WorkerOptions) -> str:
