@@ -151,3 +151,31 @@ def one_lane(
         worker.stop()
         rows = [q.get(job_id) for job_id in ids]
     return [row for row in rows if row is not None], working
+
+
+async def run_face(face: str, tasks: Any, dsn: str, *, jobs: int, **options: Any) -> None:
+    """Run the registry ``tasks`` under one face of the engine until ``jobs`` jobs are done,
+    then stop it: ``"Worker"`` (its engine on a thread and loop of its own; started and
+    stopped without awaiting) or ``"AsyncWorker"`` (its engine on the loop that awaits this).
+    The loop that awaits this runs on while the worker works."""
+    from ..async_worker import AsyncWorker
+
+    if face == "Worker":
+        threaded = Worker(tasks, dsn=dsn, **options).start()
+        while threaded.done < jobs:
+            await asyncio.sleep(0.02)
+        threaded.stop()
+    elif face == "AsyncWorker":
+        looped = await AsyncWorker(tasks, dsn=dsn, **options).start()
+        while looped.done < jobs:
+            await asyncio.sleep(0.02)
+        await looped.stop()
+    else:
+        raise ValueError(f"face must be 'Worker' or 'AsyncWorker', got {face!r}")
+
+
+def places(ran: list[tuple[str, str, str, str]]) -> pd.DataFrame:
+    """The distinct places the handlers noted, (face, handler, thread, event loop) each,
+    indexed by face and handler: one row per pair when each ran in one place only."""
+    where = pd.DataFrame(ran, columns=["face", "handler", "thread", "event loop"])
+    return where.drop_duplicates().set_index(["face", "handler"]).sort_index()
