@@ -1,6 +1,6 @@
 """Two production failures the committed benchmark measures, read and drawn for the
-notebooks: claims slowing down over dead row versions that vacuum may not remove (07), and
-the NOTIFY trigger serialising the commits of concurrent producers (06).
+notebooks: claims slowing down over dead row versions that vacuum may not remove (09), and
+the NOTIFY trigger serialising the commits of concurrent producers (08).
 
 Everything here reads ``data/`` as ``pgqueue bench --out data`` (``make data``) wrote it; a
 figure names the machine and the date of the run it shows. Teaching aids, not the queue."""
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "claim_cases",
+    "claim_cases_line",
     "notify_ratios",
     "plot_claim_cases",
     "plot_notify_cost",
@@ -93,6 +94,27 @@ def claim_cases(claim: pd.DataFrame) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows).set_index("case")
+
+
+def claim_cases_line(cases: pd.DataFrame, where: str) -> str:
+    """``claim_cases`` told in one paragraph: each case's median claim (p95) and how many
+    times the vacuumed table's it is."""
+    kept = cases.loc["jobs churned, dead versions kept"]
+    vacuumed = cases.loc["the same table after VACUUM"]
+    held = cases.loc["the same churn, VACUUM while a session held the horizon"]
+    base = vacuumed.claim_ms_median
+    size_only = (
+        cases.loc["5,000,000 done jobs, vacuumed"].claim_ms_median
+        / cases.loc["empty table, vacuumed"].claim_ms_median
+    )
+    return (
+        f"{where}:\nover {int(kept.dead_tuples):,} dead versions a claim took "
+        f"{kept.claim_ms_median:.2f} ms (median; p95 {kept.claim_ms_p95:.1f}), after VACUUM "
+        f"{base:.2f} ms (p95 {vacuumed.claim_ms_p95:.1f}): {kept.claim_ms_median / base:.1f}x; "
+        f"after VACUUM with the horizon held {held.claim_ms_median:.1f} ms: "
+        f"{held.claim_ms_median / base:.0f}x; 5,000,000 vacuumed done jobs: {size_only:.2f}x "
+        "an empty table"
+    )
 
 
 def plot_claim_cases(cases: pd.DataFrame, where: str) -> Figure:

@@ -4,8 +4,9 @@
 unix socket in a private temporary directory, with a small pool: the pooler the lesson's
 workers and statements go through. Where PgBouncer is missing or cannot start, it returns
 ``None`` and the reason, and the notebook skips its demos. ``peak_sessions`` samples the
-server's sessions in one database while a block runs, and ``warnings_of`` keeps the warning
-lines a logger emits. Teaching aids, not the queue (``--pgbouncer`` is the library's own).
+server's sessions in one database while a block runs, ``warnings_of`` keeps the warning
+lines a logger emits, and ``drain_through`` runs burst workers through the pooler with
+both watching. Teaching aids, not the queue (``--pgbouncer`` is the library's own).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,16 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-__all__ = ["Bouncer", "peak_sessions", "start_pgbouncer", "warnings_of"]
+from ..worker import Worker
+
+__all__ = [
+    "Bouncer",
+    "PooledRun",
+    "drain_through",
+    "peak_sessions",
+    "start_pgbouncer",
+    "warnings_of",
+]
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 PORT = 6432
@@ -172,3 +182,33 @@ def warnings_of(logger: str) -> Iterator[list[str]]:
         yield kept.lines
     finally:
         logging.getLogger(logger).removeHandler(kept)
+
+
+@dataclass
+class PooledRun:
+    """What burst workers did through a pooler: the queue's jobs by (status, attempts,
+    fence, count), the most server sessions its database had, the warnings logged."""
+
+    outcome: list[tuple[str, int, int, int]]
+    peak: int
+    logged: list[str]
+
+
+def drain_through(
+    workers: Sequence[Worker], pool_dsn: str, dbname: str, queue: str, timeout: float = 120
+) -> PooledRun:
+    """Start ``workers`` (burst ones), wait for each to run dry and stop them, sampling the
+    server sessions of database ``dbname`` and keeping the workers' warnings meanwhile;
+    then read ``queue``'s jobs directly from the server (``pool_dsn``)."""
+    with warnings_of("pgqueue.worker") as logged, peak_sessions(pool_dsn, dbname) as peak:
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout)
+            worker.stop()
+    with psycopg.connect(pool_dsn, autocommit=True) as check:
+        outcome = check.execute(
+            "SELECT status, attempts, fence, count(*) FROM jobs WHERE queue = %s GROUP BY 1, 2, 3",
+            [queue],
+        ).fetchall()
+    return PooledRun(outcome, peak.sessions, list(logged))
