@@ -2,15 +2,30 @@
 
 Both figures read what ``stories.watch`` recorded (every new ``lease_until`` a statement
 wrote, stamped with the database's ``now()``), never the workers' own guesses.
+``plain_reapers`` runs two reapers without ``SKIP LOCKED`` on one expired job.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from dataclasses import dataclass
+
 import matplotlib.pyplot as plt
 import pandas as pd
+import psycopg
 from matplotlib.figure import Figure
 
+from ..queue import Queue
 from .stories import ReaperRace
+
+# The reaper without SKIP LOCKED (a teaching variant, one queue only): it waits for a row
+# another session has locked, then checks its WHERE again on the row's newest version.
+PLAIN_REAP = """
+UPDATE jobs SET status = 'ready', lease_until = NULL, run_at = now()
+WHERE queue = %s AND status = 'running' AND lease_until < now()
+RETURNING id
+"""
 
 
 def lease_left(held: pd.DataFrame, start: float, end: float) -> pd.DataFrame:
@@ -68,3 +83,47 @@ def draw_reaper_race(race: ReaperRace) -> Figure:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+@dataclass
+class PlainReapers:
+    """Two plain reapers on one expired job: the ids each returned, whether B waited for
+    A's row lock, and the job's row afterwards (status, attempts, fence)."""
+
+    job_id: int
+    a: list[int]
+    b: list[int]
+    b_waited: bool
+    after: tuple[str, int, int]
+
+
+def plain_reapers(dsn: str, queue: str = "plain-reapers") -> PlainReapers:
+    """A job's lease runs out; reaper A runs ``PLAIN_REAP`` in a transaction it keeps open
+    (it holds the row's lock); reaper B runs the same statement meanwhile, on a thread. Once
+    B is seen waiting for a lock (``pg_stat_activity``), A commits; then B finishes."""
+    with Queue(dsn) as q:
+        job_id = q.enqueue({}, queue=queue)
+        (job,) = q.claim(queue, lease=0.05)
+        time.sleep(0.1)  # the lease runs out
+        with psycopg.connect(dsn) as a, psycopg.connect(dsn, autocommit=True) as b:
+            a_ids = [row[0] for row in a.execute(PLAIN_REAP, [queue]).fetchall()]
+            b_pid, b_ids = b.info.backend_pid, []
+            reaper_b = threading.Thread(
+                target=lambda: b_ids.extend(r[0] for r in b.execute(PLAIN_REAP, [queue]))
+            )
+            reaper_b.start()
+            waited, deadline = False, time.monotonic() + 5
+            while not waited and time.monotonic() < deadline:
+                row = q.conn.execute(
+                    "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                    [b_pid],
+                ).fetchone()
+                waited = bool(row and row[0])
+                time.sleep(0.01)
+            a.commit()
+            reaper_b.join(5)
+        after = q.get(job_id)
+        assert after is not None and job.id == job_id
+        return PlainReapers(
+            job_id, a_ids, b_ids, waited, (after.status, after.attempts, after.fence)
+        )
