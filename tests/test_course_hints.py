@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from pgqueue.course import own_code_lab
 from pgqueue.course.checks import (
     ExerciseFailed,
     nb02,
@@ -163,15 +164,7 @@ def test_the_idle_formula_check_tells_each_missed_rule_apart(
     assert "dispatcher" in results["per-lane"][1] and "dispatcher" not in results["per-lane"][0]
 
 
-# Notebook 08: the refund and its job in one transaction.
-SHOP = """
-CREATE TABLE orders (
-  id           bigserial PRIMARY KEY,
-  customer     text    NOT NULL,
-  amount_cents bigint  NOT NULL,
-  refunded     boolean NOT NULL DEFAULT false
-)
-"""
+# Notebook 11: the refund and its job in one transaction, on the lesson's own shop tables.
 
 
 def refund_order(app: Any, q: Any, order_id: int, *, provider_fails: bool = False) -> None:
@@ -214,7 +207,7 @@ def test_the_refund_check_gives_each_mistake_its_own_hint(
     dsn: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(SHOP)
+        conn.execute(own_code_lab.SHOP)
     nb11.check_refund(refund_order, dsn)
     assert "rolled back, no job, no wake-up" in capsys.readouterr().out
     wrong = {

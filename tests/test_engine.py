@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -25,6 +26,21 @@ def statuses(dsn: str) -> dict[str, int]:
 
 
 FAST = {"lease": 2.0, "poll_interval": 0.05, "reap_interval": 0.2, "backoff": 0}
+
+
+def run_async(handler: Any, dsn: str, jobs: int, grace: float = 2) -> AsyncWorker:
+    """Run an AsyncWorker with one connection to lend until ``jobs`` jobs ended, then stop."""
+
+    async def main() -> AsyncWorker:
+        w = await AsyncWorker(handler, queue="q", dsn=dsn, connections=1, **FAST).start()
+        for _ in range(400):
+            if w.done + w.failed >= jobs:
+                break
+            await asyncio.sleep(0.05)
+        await w.stop(grace=grace)
+        return w
+
+    return asyncio.run(main())
 
 
 # -- handlers get connections of their own, reset between jobs -----------------------------
@@ -89,16 +105,7 @@ def test_an_async_handler_that_turns_autocommit_off_harms_no_other_job(
             return
         assert await job.fenced_write("side", {"id": 1}, {"body": "kept"})
 
-    async def main() -> AsyncWorker:
-        w = await AsyncWorker(handler, queue="q", dsn=dsn, connections=1, **FAST).start()
-        for _ in range(400):
-            if w.done + w.failed >= 2:
-                break
-            await asyncio.sleep(0.05)
-        await w.stop(grace=2)
-        return w
-
-    w = asyncio.run(main())
+    w = run_async(handler, dsn, jobs=2)
     assert rows(dsn, "SELECT id, status FROM jobs ORDER BY id") == [
         (first, "done"),
         (second, "done"),
@@ -119,16 +126,7 @@ def test_an_async_handler_that_replaces_job_conn_still_gives_its_lent_connection
         await (await job.connection()).execute("SELECT 1")
         job.conn = None  # the handler forgets it (or puts a connection of its own there)
 
-    async def main() -> AsyncWorker:
-        w = await AsyncWorker(handler, queue="q", dsn=dsn, connections=1, **FAST).start()
-        for _ in range(100):
-            if w.done + w.failed >= 3:
-                break
-            await asyncio.sleep(0.05)
-        await w.stop(grace=1)
-        return w
-
-    w = asyncio.run(main())
+    w = run_async(handler, dsn, jobs=3, grace=1)
     assert (w.done, w.failed) == (3, 0)
     assert statuses(dsn) == {"done": 3}
 
