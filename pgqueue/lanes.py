@@ -74,7 +74,7 @@ class PlainLanes:
         self._pgbouncer = pgbouncer
         self._room = room  # whether the worker has a free slot (a mixed registry shares them)
         self._cond = threading.Condition()
-        self.lock = self._cond  # held while a slot is taken (the engine's async lanes too)
+        self.lock = self._cond  # held while a slot is taken (by the engine's async jobs too)
         self._woken = False
         self._lanes: list[Lane] = []
         self._made = 0
