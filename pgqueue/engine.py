@@ -586,10 +586,14 @@ class Engine:
     def _async_ended(self, claim: Claim, task: asyncio.Task[None]) -> None:
         del self._running[claim]
         if not claim.timed_out:  # (a job failed at its timeout gave its slot back then)
-            self._busy -= 1
-            if self._plain is not None:
-                self._plain.ring()  # a slot is free (a mixed registry shares them)
+            self._give_back_slot()
             self._slot_freed()
+
+    def _give_back_slot(self) -> None:
+        """An async job no longer holds its slot (it ended, or was failed at its timeout)."""
+        self._busy -= 1
+        if self._plain is not None:
+            self._plain.ring()  # lane threads waiting for a slot (a mixed registry shares them)
 
     async def _run_job(self, claim: Claim) -> None:
         try:
@@ -703,9 +707,7 @@ class Engine:
             if _late(claim, now) and not claim.timed_out:
                 claim.timed_out = True
                 task.cancel()
-                self._busy -= 1
-                if self._plain is not None:
-                    self._plain.ring()
+                self._give_back_slot()
                 self._fail_late(claim)
         for lane, claim in self._plain.running() if self._plain is not None else []:
             if _late(claim, now) and self._plain.retire(lane, claim):

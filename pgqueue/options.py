@@ -85,7 +85,10 @@ class WorkerOptions:
     @classmethod
     def of(cls, handler: Any, **given: Unpack[WorkerKeywords]) -> WorkerOptions:
         """Check a worker's keyword arguments; what a claim or fail would refuse later is
-        refused here. An option not given takes the default of its field below."""
+        refused here. An option not given takes the default of its field above, except
+        those whose default is worked out: ``queue`` (the registry's queues, else
+        "default"), ``dsn`` (``resolve_dsn``), ``pgbouncer`` (detected) and ``connections``
+        (``min(concurrency, 10)``)."""
         unknown = sorted(set(given) - set(WorkerKeywords.__annotations__))
         if unknown:
             raise TypeError(f"unexpected keyword argument {unknown[0]!r} for a worker")
