@@ -522,6 +522,41 @@ def test_a_hung_handler_is_cancelled_and_failed_at_its_timeout(queue: Queue, dsn
     assert (w.timed_out, w.done, w.rejected) == (1, 4, 0)
 
 
+def test_a_handler_that_ignores_its_cancellation_still_frees_its_slot_and_stop_is_bounded(
+    queue: Queue, dsn: str
+) -> None:
+    """Past its timeout the job is failed and its slot given back at once, even though the
+    handler swallows the cancellation and keeps running: with one slot, the next jobs run
+    meanwhile, and a stop does not wait for the stubborn handler."""
+    queue.enqueue({"hang": True}, queue="q", max_attempts=1)
+    release = asyncio.Event()
+
+    async def handler(job: AsyncJob) -> None:
+        if not job.payload.get("hang"):
+            return
+        while not release.is_set():
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                continue  # ignores every cancellation until the test releases it
+
+    async def main() -> tuple[AsyncWorker, float]:
+        w = await worker(handler, dsn, concurrency=1, timeout=0.3).start()
+        await until(lambda: statuses(dsn).get("dead") == 1, what="the stubborn job to be failed")
+        others = queue.enqueue_many([{"n": i} for i in range(3)], queue="q")
+        await until(lambda: statuses(dsn) == {"dead": 1, "done": len(others)}, what="the rest")
+        began = time.monotonic()
+        await w.stop(grace=0.5)
+        took = time.monotonic() - began
+        release.set()  # let the stubborn handler end, so the loop closes cleanly
+        await asyncio.sleep(0.05)
+        return w, took
+
+    w, took = run(main())
+    assert (w.timed_out, w.done, w.failed) == (1, 3, 1)
+    assert took < 10, f"stop took {took:.1f} s, waiting for a handler that ignores cancellation"
+
+
 def test_a_task_registry_of_async_tasks_with_its_own_timeout(queue: Queue, dsn: str) -> None:
     tasks = Tasks(dsn)
 
