@@ -95,25 +95,17 @@ class Seams(Protocol):
 
 class Bell:
     """Wakes the tasks waiting on it; the generation number closes the check-then-wait race.
-    (A future and a timer a wait, no task: the lanes and the dispatcher wait often.)"""
+    (A future and a timer a wait, no task: the dispatcher waits often.)"""
 
     def __init__(self) -> None:
         self.generation = 0
         self._waiters: list[asyncio.Future[None]] = []
 
-    def ring(self, count: int | None = None) -> None:
-        """Wake every waiter, or the ``count`` that waited longest (jobs for that many)."""
+    def ring(self) -> None:
         self.generation += 1
-        woken, left = 0, []
-        for waiter in self._waiters:
-            if waiter.done():  # its timer woke it already
-                continue
-            if count is None or woken < count:
-                waiter.set_result(None)
-                woken += 1
-            else:
-                left.append(waiter)
-        self._waiters = left
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            _wake(waiter)
 
     async def wait(self, seen: int, timeout: float) -> None:
         if self.generation != seen:
@@ -126,6 +118,8 @@ class Bell:
             await waiter
         finally:
             timer.cancel()
+            if waiter in self._waiters:  # woken by its timer, or cancelled: not by a ring
+                self._waiters.remove(waiter)
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

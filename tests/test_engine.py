@@ -406,3 +406,21 @@ def test_an_async_task_waiting_for_a_slot_starts_when_a_plain_task_frees_it(
     finally:
         worker.stop(grace=2)
     assert statuses(dsn) == {"done": 2}
+
+
+def test_an_idle_worker_keeps_no_pile_of_expired_waits(queue: Queue, dsn: str) -> None:
+    """The dispatcher's bell forgets a wait its timer ended. (It kept every one until the
+    next ring, and an idle worker hears none: one future a poll, for as long as it ran.)"""
+
+    async def noop(job: AsyncJob) -> None:
+        pass
+
+    async def main() -> int:
+        w = await AsyncWorker(noop, queue="idle", dsn=dsn, poll_interval=0.01, listen=False).start()
+        try:
+            await asyncio.sleep(1.0)  # about a hundred polls of an empty queue
+            return len(w.engine._bell._waiters)
+        finally:
+            await w.stop(grace=1)
+
+    assert asyncio.run(main()) <= 2  # the dispatcher's wait and run()'s, at most
