@@ -843,10 +843,7 @@ class Engine:
             try:
                 queue = await self._writes_link.get()
                 if action == "complete":
-                    if claim.result is None:  # the common case: the call as before results
-                        ok = await queue.complete(job)  # type: ignore[arg-type]
-                    else:
-                        ok = await queue.complete(job, claim.result)  # type: ignore[arg-type]
+                    ok = await queue.complete(job, claim.result)  # type: ignore[arg-type]
                 elif action == "fail":
                     assert failure is not None
                     ok = await queue.fail(
@@ -914,10 +911,7 @@ class Engine:
         try:
             queue = await self._writes_link.get()
             jobs, results = [c.job for c in claims], [c.result for c in claims]
-            if any(r is not None for r in results):
-                done = await queue.complete_many(jobs, results)  # type: ignore[arg-type]
-            else:  # no result in the batch: the statement without them, as before results
-                done = await queue.complete_many(jobs)  # type: ignore[arg-type]
+            done = await queue.complete_many(jobs, results)  # type: ignore[arg-type]
             rejected = {key_of(j) for j in done}
         except (psycopg.Error, ConnectError):
             await self._writes_link.drop()

@@ -839,8 +839,8 @@ def test_a_completion_whose_reply_was_lost_is_counted_done(
     real = AsyncQueue.complete_many
     calls: list[int] = []
 
-    async def complete_then_lose_reply(self: AsyncQueue, jobs: Any) -> Any:
-        took = await real(self, jobs)
+    async def complete_then_lose_reply(self: AsyncQueue, jobs: Any, results: Any = None) -> Any:
+        took = await real(self, jobs, results)
         calls.append(1)
         if len(calls) == 1:
             await self.conn.close()  # the commit happened; the caller never hears of it

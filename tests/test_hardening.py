@@ -282,9 +282,9 @@ def test_a_completion_whose_reply_was_lost_is_counted_done_not_refused(
     real = getattr(AsyncQueue, method)  # the engine's statements go through AsyncQueue
     calls: list[int] = []
 
-    async def complete_then_lose_the_reply(self: AsyncQueue, job: Any) -> Any:
+    async def complete_then_lose_the_reply(self: AsyncQueue, job: Any, *more: Any) -> Any:
         calls.append(1)
-        took = await real(self, job)
+        took = await real(self, job, *more)
         if len(calls) == 1:
             await self.conn.close()  # the commit happened; the caller never hears of it
             raise psycopg.OperationalError("server closed the connection unexpectedly")
@@ -307,7 +307,7 @@ def test_a_worker_that_cannot_finish_says_it_gave_up_and_the_reaper_returns_the_
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    async def never(self: AsyncQueue, job: Job) -> bool:
+    async def never(self: AsyncQueue, job: Job, *more: Any) -> bool:
         raise psycopg.OperationalError("no route to host")
 
     monkeypatch.setattr(AsyncQueue, "complete", never)
