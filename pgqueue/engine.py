@@ -1171,31 +1171,22 @@ def _end_kind(action: str, end: str) -> str:
 def _log_end(lane: str, job: Job, action: str, end: str, error: str) -> None:
     """Log what needs a person's eyes: a refused write, a give-up, a failed attempt."""
     if end == "refused":
-        log.warning(
-            "%s: late %s of job %s refused: fence %s is stale (another holder has it)",
-            lane,
-            action,
-            job.id,
-            job.fence,
-        )
+        why = f"fence {job.fence} is stale (another holder has it)"
+        log.warning("%s: late %s of job %s refused: %s", lane, action, job.id, why)
     elif end == "gave-up":
+        then = "its lease will run out and the reaper will return it"
         log.warning(
-            "%s: gave up on the %s of job %s after %d tries; its lease will run out "
-            "and the reaper will return it",
+            "%s: gave up on the %s of job %s after %d tries; %s",
             lane,
             action,
             job.id,
             FINISH_TRIES,
+            then,
         )
     elif action == "fail":
         then = "now dead" if job.status == "dead" else f"retry in {job.retry_in or 0.0:.1f}s"
+        first = error.splitlines()[0] if error else ""
+        attempt = f"attempt {job.attempts} of {job.max_attempts}"
         log.warning(
-            "%s: job %s (%s) failed, attempt %d of %d: %s; %s",
-            lane,
-            job.id,
-            job.queue,
-            job.attempts,
-            job.max_attempts,
-            error.splitlines()[0] if error else "",
-            then,
+            "%s: job %s (%s) failed, %s: %s; %s", lane, job.id, job.queue, attempt, first, then
         )
