@@ -471,9 +471,10 @@ class Engine:
             return True
         self.seams._gate()
         queue = await self._claims_link.get()
-        # Under a backlog one claim tops up every lane (one commit, and its WAL flush, for
-        # all of them), never past what the worker may hold (``_room``).
-        limit = min(self._room_to_hold(), 10_000 if self._deep else o.batch)
+        # Under a backlog one claim tops up every lane, in whole batches (one commit, and its
+        # WAL flush, for all of them), never past what the worker may hold.
+        room = self._room_to_hold()
+        limit = room - room % o.batch if self._deep else min(room, o.batch)
         jobs = await queue.claim(list(o.queues), limit=limit, lease=o.lease)
         self._deep = len(jobs) == limit
         if not jobs:
@@ -490,20 +491,21 @@ class Engine:
 
     def _wants_jobs(self) -> bool:
         waiting, lanes = self._waiting_now(), self.options.concurrency
-        if self._room_to_hold() <= 0:
+        if self._room_to_hold() < (self.options.batch if self._deep else 1):
             return False
         return (waiting == 0 and self._busy_now() < lanes) or (self._deep and waiting < lanes)
 
     def _room_to_hold(self) -> int:
-        """How many more jobs this worker may claim: it holds at most ``batch`` a lane of
-        plain handlers (as when each lane claimed its own batch), or a batch beside the
-        handlers of all lanes but one with async ones (as the AsyncWorker always did). A
-        kill re-runs at most that many."""
+        """How many more jobs this worker may claim. Of jobs whose handler has not ended, it
+        holds at most ``batch`` a lane with plain handlers (as when each lane claimed its own
+        batch), or a batch beside the handlers of all lanes but one with async ones. Jobs
+        whose completion is on its way do not count, so the next claim goes out beside that
+        statement instead of after it; but it holds at most twice as many in all, and a kill
+        re-runs at most that many."""
         o = self.options
-        if self._plain is not None:
-            return o.batch * o.concurrency - len(self.claims)
-        # (a job whose handler has ended, its completion on its way, holds no slot)
-        return o.concurrency + o.batch - 1 - (len(self.claims) - len(self._finishing))
+        cap = o.batch * o.concurrency if self._plain is not None else o.concurrency + o.batch - 1
+        held = len(self.claims)
+        return min(cap - (held - len(self._finishing)), 2 * cap - held)
 
     def _waiting_now(self) -> int:
         return len(self._waiting) + (len(self._plain.waiting) if self._plain else 0)

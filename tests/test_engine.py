@@ -424,3 +424,67 @@ def test_an_idle_worker_keeps_no_pile_of_expired_waits(queue: Queue, dsn: str) -
             await w.stop(grace=1)
 
     assert asyncio.run(main()) <= 2  # the dispatcher's wait and run()'s, at most
+
+
+@pytest.mark.parametrize("kind", ["plain", "async"])
+def test_the_next_claim_overlaps_a_completion_on_its_way_and_the_worker_holds_at_most_twice(
+    queue: Queue, dsn: str, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """One lane, batch 1: while job 1's completion is held up, job 2 is claimed and run
+    (before, the claim waited for that statement: the engine ran in lock-step, claim, run,
+    complete, and a no-op drain went at 0.76x a hand-written loop); but nothing more is
+    claimed until the completion has gone out: a worker holds at most twice its cap of
+    unfinished jobs (before, an async worker claimed on without a bound)."""
+    from pgqueue.async_queue import AsyncQueue
+
+    queue.enqueue_many([{"n": n} for n in range(4)], queue="q")
+    gate, runs = threading.Event(), []
+    real = AsyncQueue.complete_many
+
+    async def held_up(self: AsyncQueue, jobs: Any, results: Any = None) -> Any:
+        await asyncio.to_thread(gate.wait, 20)
+        return await real(self, jobs, results)
+
+    monkeypatch.setattr(AsyncQueue, "complete_many", held_up)
+
+    def plain(job: Job) -> None:
+        runs.append(job.payload["n"])
+
+    async def coroutine(job: AsyncJob) -> None:
+        runs.append(job.payload["n"])
+
+    def running() -> int:
+        return statuses(dsn).get("running", 0)
+
+    options = {"queue": "q", "dsn": dsn, "concurrency": 1, "batch": 1, **FAST, "lease": 30.0}
+    if kind == "plain":
+        worker = Worker(plain, **options).start()
+        try:
+            wait_for(lambda: len(runs) == 2, what="job 2 run while job 1's completion waits")
+            time.sleep(0.5)  # room for a wrong third claim to show
+            assert (runs, running()) == ([0, 1], 2)
+        finally:
+            gate.set()
+            wait_for(lambda: worker.done == 4, what="all four done once completions go out")
+            worker.stop(grace=2)
+    else:
+
+        async def main() -> None:
+            w = await AsyncWorker(coroutine, **options).start()
+            try:
+                for _ in range(400):
+                    if len(runs) == 2:
+                        break
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(0.5)
+                assert (runs, await asyncio.to_thread(running)) == ([0, 1], 2)
+            finally:
+                gate.set()
+                for _ in range(400):
+                    if w.done == 4:
+                        break
+                    await asyncio.sleep(0.05)
+                await w.stop(grace=2)
+
+        asyncio.run(main())
+    assert statuses(dsn) == {"done": 4}

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from ..tools.chaos import Config, Report
+from ..tools.chaos.checks import fault_costs
 from ..tools.chaos.run import _Run
 
 if TYPE_CHECKING:
@@ -290,5 +291,5 @@ def plot_run(run: ChaosRun, *, title: str = "") -> Figure:
 def explained(report: Report) -> dict[str, int]:
     """Per fault kind, the most extra attempts the chaos checks let its injections explain."""
     f = report.faults
-    cost = {"kill": 1, "stop": 1, "terminate": 1, "restart": report.workers}
+    cost = fault_costs(report.workers)
     return {k: f[k] * cost[k] for k in cost if f[k] or k != "restart" or report.restart_enabled}

@@ -190,8 +190,8 @@ def check_statements(predict: Callable[[int, int], tuple[int, int]]) -> None:
         guess_claims, guess_completions = predicted[jobs, batch]
         if guess_claims != claims:
             fragment = (
-                "one lane holds at most batch jobs, the finished ones whose completion is "
-                "still buffered included: it claims again only once a batch is completed"
+                "one lane holds at most batch jobs whose handler has not ended, and claims in "
+                "whole batches: it claims again once the last job of its batch has ended"
             )
             _slip("claims", guess_claims, claims, jobs, batch, "claims that brought jobs", fragment)
         if guess_completions != completions:
@@ -207,6 +207,6 @@ def check_statements(predict: Callable[[int, int], tuple[int, int]]) -> None:
             )
     shown = ", ".join(f"{j} jobs by {b}: {c[0]} + {c[1]}" for (j, b), c in measured.items())
     passed(
-        f"claims + completion statements: {shown}. One lane holds a batch at most, its "
-        "buffered completions included, so each batch costs one claim and one completion"
+        f"claims + completion statements: {shown}. One lane claims a whole batch once the "
+        "last job of the one before has ended, so each batch costs one claim and one completion"
     )

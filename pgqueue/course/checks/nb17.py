@@ -8,19 +8,22 @@ from collections.abc import Callable
 from typing import Any
 
 from ...tools.chaos import Fault, Report, min_duration, plan
+from ...tools.chaos.checks import HELD, fault_costs
 from . import passed
 from .tiers import Hints
 
 HINTS = Hints()
 PLAN_LEASE = 2.0  # seconds: the lease the plans are drawn for when no run's report is given
 
-# One extra attempt per fault that hits one worker; a restart hits every worker at once.
-_COST = {"kill": 1, "stop": 1, "terminate": 1}
+# A fault that hits one worker costs at most the attempts of the jobs it holds (HELD: the
+# one its lane runs, and the one before it whose completion is still on its way); a
+# restart hits every worker at once.
+_ONE_WORKER = ("kill", "stop", "terminate")
 
 
 def _expected(faults: list[Fault], workers: int) -> int:
     kinds = Counter(f.kind for f in faults)
-    return sum(kinds[k] * c for k, c in _COST.items()) + kinds["restart"] * workers
+    return sum(kinds[kind] * cost for kind, cost in fault_costs(workers).items())
 
 
 def _describe(faults: list[Fault]) -> str:
@@ -31,27 +34,32 @@ def _describe(faults: list[Fault]) -> str:
 def _slip(faults: list[Fault], workers: int, got: object) -> tuple[str, str]:
     """The kind of mistake behind a wrong bound, and the rule it misses."""
     kinds = Counter(f.kind for f in faults)
-    one_each = sum(kinds[k] for k in _COST)
-    if got == one_each + kinds["restart"]:
+    one_each, restarts = sum(kinds[k] for k in _ONE_WORKER), kinds["restart"]
+    if got == one_each + restarts * workers:
+        return "one-job", (
+            "a worker claims its next job while the last one's completion is still on its way: "
+            "it may hold two jobs when a fault strikes, and lose both attempts"
+        )
+    if got == HELD * (one_each + restarts):
         return "restart-one", (
-            "a restart cuts every worker's session at once: up to one lost attempt per worker"
+            "a restart cuts every worker's session at once: up to two lost attempts per worker"
         )
-    if got == one_each:
+    if got == HELD * one_each:
         return "restart-none", (
-            "a restart costs too: every worker may lose the job it held when its session is cut"
+            "a restart costs too: every worker may lose the jobs it held when its session is cut"
         )
-    if got == (one_each + kinds["restart"]) * workers:
+    if got == HELD * (one_each + restarts) * workers:
         return "per-worker", (
-            "a kill, a stop or a cut hits one worker, which runs one job at a time: one "
-            "attempt each"
+            "a kill, a stop or a cut hits one worker, which holds at most two jobs: two "
+            "attempts each"
         )
     if isinstance(got, int) and got < _expected(faults, workers):
         return "missed", (
-            "count every kind of fault: a kill, a stop and a cut (terminate) cost one attempt "
-            "each; a restart, one per worker"
+            "count every kind of fault: a kill, a stop and a cut (terminate) cost two attempts "
+            "each; a restart, two per worker"
         )
     return "other", (
-        "a kill, stop or cut costs the one job its victim held; a restart, one job per worker"
+        "a kill, stop or cut costs the two jobs its victim may hold; a restart, two per worker"
     )
 
 
