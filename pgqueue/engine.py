@@ -471,10 +471,7 @@ class Engine:
             return True
         self.seams._gate()
         queue = await self._claims_link.get()
-        # Under a backlog one claim tops up every lane, in whole batches (one commit, and its
-        # WAL flush, for all of them), never past what the worker may hold.
-        room = self._room_to_hold()
-        limit = room - room % o.batch if self._deep else min(room, o.batch)
+        limit = self._claim_size()
         jobs = await queue.claim(list(o.queues), limit=limit, lease=o.lease)
         self._deep = len(jobs) == limit
         if not jobs:
@@ -491,9 +488,18 @@ class Engine:
 
     def _wants_jobs(self) -> bool:
         waiting, lanes = self._waiting_now(), self.options.concurrency
-        if self._room_to_hold() < (self.options.batch if self._deep else 1):
+        if self._claim_size() <= 0:
             return False
         return (waiting == 0 and self._busy_now() < lanes) or (self._deep and waiting < lanes)
+
+    def _claim_size(self) -> int:
+        """How many jobs the next claim asks for: at most ``batch``, or under a backlog as
+        many as the worker may still hold, so one claim (one commit, and its WAL flush) tops
+        up every lane; for plain handlers in whole batches, each a lane's (0: none now)."""
+        room, batch = self._room_to_hold(), self.options.batch
+        if not self._deep:
+            return min(room, batch)
+        return room - room % batch if self._plain is not None else room
 
     def _room_to_hold(self) -> int:
         """How many more jobs this worker may claim. Of jobs whose handler has not ended, it
