@@ -471,11 +471,13 @@ class Engine:
             return True
         self.seams._gate()
         queue = await self._claims_link.get()
-        limit = self._claim_size()
+        limit, held = self._claim_size(), len(self.claims)
         jobs = await queue.claim(list(o.queues), limit=limit, lease=o.lease)
         self._deep = len(jobs) == limit
         if not jobs:
-            if o.burst and not (self._busy_now() or self._waiting_now() or self._finishers):
+            # Dry only if nothing was held while the claim ran either: a fail or release
+            # that committed meanwhile may have made a job runnable after its snapshot.
+            if o.burst and not held and not self.claims:
                 return False
             await self._bell.wait(seen, o.poll_interval)
             return True

@@ -488,3 +488,34 @@ def test_the_next_claim_overlaps_a_completion_on_its_way_and_the_worker_holds_at
 
         asyncio.run(main())
     assert statuses(dsn) == {"done": 4}
+
+
+def test_a_burst_run_does_not_end_on_a_claim_that_overlapped_a_retry(
+    queue: Queue, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim may go out while a fail is on its way; a fail with no backoff that commits
+    after the claim's snapshot makes the job runnable again, so that empty claim says
+    nothing. (The burst run ended there, leaving the job ready: Django's worker test saw
+    its last attempt missing.)"""
+    from pgqueue.async_queue import AsyncQueue
+
+    job_id = queue.enqueue({}, queue="q", max_attempts=2)
+    real_claim, real_fail = AsyncQueue.claim, AsyncQueue.fail
+
+    async def claim_then_dawdle(self: AsyncQueue, *args: Any, **kwargs: Any) -> Any:
+        jobs = await real_claim(self, *args, **kwargs)
+        await asyncio.sleep(0.5)  # its reply is read after the fail below committed
+        return jobs
+
+    async def slow_fail(self: AsyncQueue, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0.2)  # committed after the claim's snapshot
+        return await real_fail(self, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncQueue, "claim", claim_then_dawdle)
+    monkeypatch.setattr(AsyncQueue, "fail", slow_fail)
+
+    def fails(job: Job) -> None:
+        raise ValueError("never works")
+
+    Worker(fails, queue="q", dsn=dsn, burst=True, listen=False, backoff=0).run(grace=2)
+    assert rows(dsn, "SELECT status, attempts FROM jobs WHERE id = %s", [job_id]) == [("dead", 2)]
