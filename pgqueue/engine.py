@@ -61,7 +61,7 @@ from .handlers import (
 from .job import Job
 from .lanes import RELEASED, SKIPPED, PlainLanes
 from .options import WorkerOptions
-from .params import column_text
+from .params import MAX_CLAIM, column_text
 from .tasks import Task
 
 if TYPE_CHECKING:
@@ -501,6 +501,7 @@ class Engine:
         room, batch = self._room_to_hold(), self.options.batch
         if not self._deep:
             return min(room, batch)
+        room = min(room, MAX_CLAIM)
         return room - room % batch if self._plain is not None else room
 
     def _room_to_hold(self) -> int:

@@ -470,9 +470,12 @@ class Keyed:
         return [int(i) for i in self.result if i is not None]
 
 
+MAX_CLAIM = 10_000  # the most jobs one claim takes
+
+
 def claim_args(queue: object, limit: object, lease: object) -> tuple[list[str], int, float]:
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
-        raise BadInput(f"limit must be a whole number from 1 to 10000, got {limit!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CLAIM:
+        raise BadInput(f"limit must be a whole number from 1 to {MAX_CLAIM}, got {limit!r}")
     return queue_names(queue), limit, checked_lease(lease)
 
 

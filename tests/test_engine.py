@@ -519,3 +519,18 @@ def test_a_burst_run_does_not_end_on_a_claim_that_overlapped_a_retry(
 
     Worker(fails, queue="q", dsn=dsn, burst=True, listen=False, backoff=0).run(grace=2)
     assert rows(dsn, "SELECT status, attempts FROM jobs WHERE id = %s", [job_id]) == [("dead", 2)]
+
+
+def test_a_worker_that_may_hold_more_than_one_claim_takes_claims_at_most_that_much(
+    queue: Queue, dsn: str
+) -> None:
+    """Four lanes of 5,000 may hold 20,000 jobs, but one claim takes at most 10,000 (its
+    own limit): under a backlog the engine asked for 15,000, was refused, and retried for
+    ever with the last job never claimed."""
+    queue.enqueue_many([{}] * 5_001, queue="q")
+    worker = Worker(lambda job: None, queue="q", dsn=dsn, concurrency=4, batch=5_000).start()
+    try:
+        wait_for(lambda: worker.done == 5_001, timeout=60, what="every job done")
+    finally:
+        worker.stop(grace=5)
+    assert statuses(dsn) == {"done": 5_001}
