@@ -512,9 +512,9 @@ class Engine:
         statement instead of after it; but it holds at most twice as many in all, and a kill
         re-runs at most that many."""
         o = self.options
-        cap = o.batch * o.concurrency if self._plain is not None else o.concurrency + o.batch - 1
+        unfinished, in_all = holds_at_most(o.batch, o.concurrency, plain=self._plain is not None)
         held = len(self.claims)
-        return min(cap - (held - len(self._finishing)), 2 * cap - held)
+        return min(unfinished - (held - len(self._finishing)), in_all - held)
 
     def _waiting_now(self) -> int:
         return len(self._waiting) + (len(self._plain.waiting) if self._plain else 0)
@@ -1116,6 +1116,13 @@ class Engine:
                 log.warning("%s: listener reconnecting (%s)", o.name, describe(exc))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+
+def holds_at_most(batch: int, concurrency: int, *, plain: bool) -> tuple[int, int]:
+    """The most jobs a worker holds: of those whose handler has not ended, and in all,
+    counting those whose completion is on its way (see ``Engine._room_to_hold``)."""
+    unfinished = batch * concurrency if plain else concurrency + batch - 1
+    return unfinished, 2 * unfinished
 
 
 def _late(claim: Claim, now: float) -> bool:

@@ -18,11 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...engine import holds_at_most
 from .faults import KINDS
 from .workers import APP_PREFIX, read_log
 from .workload import Session
 
-HELD = 2  # the most jobs one worker holds: the one it runs, one whose completion is on its way
+# The most jobs one chaos worker (the CLI's defaults, one lane and batch 1, either kind of
+# handler) holds: the one it runs, and one whose completion is on its way.
+HELD = holds_at_most(batch=1, concurrency=1, plain=True)[1]
 
 
 def fault_costs(workers: int) -> dict[str, int]:
