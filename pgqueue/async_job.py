@@ -21,8 +21,9 @@ from typing import Any
 import psycopg
 
 from . import statements, steps
+from .db import async_own_cursor
 from .errors import LeaseLost
-from .fencing import async_fenced_write
+from .fencing import MISSING, STALE, WRITTEN, async_write_answer
 from .job import Job
 
 Borrow = Callable[[], Awaitable[psycopg.AsyncConnection]]
@@ -69,23 +70,29 @@ class AsyncJob(Job):
         """Write to another table with this job's fence and id (see ``Job.fenced_write``
         and ``pgqueue.fenced_write``); return whether it took effect. The statement checks the
         job in ``jobs`` too (still running, this fence, lease not run out). A refused write
-        marks the job lost; a row written by another job raises ``FenceConflict``."""
+        marks the job lost; ``upsert=False`` on a missing row writes nothing and returns
+        ``False`` with the claim still held; a row written by another job raises
+        ``FenceConflict``."""
         if self.conn is None and self.borrow is None:
             raise LeaseLost(f"job {self.id} has no connection to write with; claim it first")
         # Known stale here (failed, timed out, told by a heartbeat): refused without a
         # round trip. Otherwise the statement itself checks the row's fence and the job's.
-        took_effect = not self._lost and await async_fenced_write(
-            await self.connection(),
-            table,
-            key,
-            values,
-            self.fence,
-            job_id=self.id,
-            job_column=job_column,
-            upsert=upsert,
-            check_lease=True,
+        answer = (
+            STALE
+            if self._lost
+            else await async_write_answer(
+                await self.connection(),
+                table,
+                key,
+                values,
+                self.fence,
+                job_id=self.id,
+                job_column=job_column,
+                upsert=upsert,
+                check_lease=True,
+            )
         )
-        return self._wrote(took_effect)
+        return self._wrote(answer == WRITTEN, missing=answer == MISSING)
 
     async def step(self, name: str, fn: Callable[[], Any]) -> Any:  # type: ignore[override]
         """``Job.step``, awaited: ``await job.step("charge", fn)`` returns the stored output
@@ -108,7 +115,8 @@ class AsyncJob(Job):
             result = await result
         output, answer = steps.encode(self.id, name, result)
         params = steps.put_params(self.id, self.fence, name, output)
-        held, stored = await self._async_step_run(conn, "step_put", params) or (False, False)
+        put = steps.put_statement(self._holding)
+        held, stored = await self._async_step_run(conn, put, params) or (False, False)
         if not self._wrote(held):
             raise steps.refused(self.id, self.fence, name)
         if stored:
@@ -121,7 +129,8 @@ class AsyncJob(Job):
         self, conn: psycopg.AsyncConnection, name: str, params: dict[str, Any]
     ) -> tuple[Any, ...] | None:
         try:
-            return await (await conn.execute(statements.query(name), params)).fetchone()
+            cur = async_own_cursor(conn)
+            return await (await cur.execute(statements.query(name), params)).fetchone()
         except psycopg.errors.UndefinedTable as exc:
             mapped = steps.missing(exc)
             if mapped is None:
@@ -143,12 +152,17 @@ class AsyncJob(Job):
         conn = await self.connection()
         self._check_idle(conn.info.transaction_status)
         async with conn.transaction():
-            yield conn
+            self._holding = True
+            try:
+                yield conn
+            finally:
+                self._holding = False
             held = False
             if not self._lost:  # known stale here (a heartbeat said so): no round trip
-                await conn.execute(statements.query("hold_for_commit_wait"), params)
+                cur = async_own_cursor(conn)
+                await cur.execute(statements.query("hold_for_commit_wait"), params)
                 try:
-                    cur = await conn.execute(statements.query("hold_for_commit"), params)
+                    await cur.execute(statements.query("hold_for_commit"), params)
                     row = await cur.fetchone()
                 except psycopg.errors.LockNotAvailable as exc:
                     raise self._locked(lock_timeout) from exc

@@ -24,7 +24,7 @@ from psycopg.pq import TransactionStatus
 
 from . import statements
 from .async_job import AsyncJob
-from .db import connecting, pgbouncer_mode, resolve_dsn
+from .db import async_own_cursor, connecting, pgbouncer_mode, resolve_dsn
 from .errors import KeyRace, PgQueueError, SlotRace
 from .install import (
     DEFAULT_LOCK_TIMEOUT,
@@ -175,10 +175,12 @@ class AsyncQueue:
             found = await self._catalog()
             if brief_steps(found, notify):
                 async with conn.transaction():
-                    await conn.execute(block("lock_timeout"), {"timeout": timeout, "local": True})
-                    await conn.execute(block("install_lock"), prepare=False)
+                    await async_own_cursor(conn).execute(
+                        block("lock_timeout"), {"timeout": timeout, "local": True}
+                    )
+                    await async_own_cursor(conn).execute(block("install_lock"), prepare=False)
                     for step in brief_steps(await self._catalog(), notify):
-                        await conn.execute(step.statement, prepare=False)
+                        await async_own_cursor(conn).execute(step.statement, prepare=False)
                         changed.append(step.what)
                 step, found = None, await self._catalog()
             if slow_steps(found):
@@ -187,17 +189,17 @@ class AsyncQueue:
                 async with self._one_upgrade(timeout):
                     for step in slow_steps(await self._catalog()):
                         if step.concurrent:
-                            await conn.execute(step.statement, prepare=False)
+                            await async_own_cursor(conn).execute(step.statement, prepare=False)
                         else:
                             async with conn.transaction():
-                                await conn.execute(
+                                await async_own_cursor(conn).execute(
                                     block("lock_timeout"), {"timeout": timeout, "local": True}
                                 )
-                                await conn.execute(step.statement, prepare=False)
+                                await async_own_cursor(conn).execute(step.statement, prepare=False)
                         changed.append(step.what)
                 step, found = None, await self._catalog()
         except psycopg.errors.LockNotAvailable:
-            cur = await conn.execute(block("lock_holders"), prepare=False)
+            cur = await async_own_cursor(conn).execute(block("lock_holders"), prepare=False)
             raise blocked(step, lock_timeout, await cur.fetchone()) from None
         except psycopg.errors.CheckViolation:
             raise bad_statuses() from None
@@ -210,22 +212,32 @@ class AsyncQueue:
             yield
             return
         conn = self.conn
-        [previous] = await (await conn.execute(block("current_lock_timeout"))).fetchone() or ["0"]
-        await conn.execute(block("lock_timeout"), {"timeout": timeout, "local": False})
+        [previous] = await (
+            await async_own_cursor(conn).execute(block("current_lock_timeout"))
+        ).fetchone() or ["0"]
+        await async_own_cursor(conn).execute(
+            block("lock_timeout"), {"timeout": timeout, "local": False}
+        )
         try:
-            await conn.execute(block("install_lock_session"), prepare=False)
+            await async_own_cursor(conn).execute(block("install_lock_session"), prepare=False)
             try:
                 yield
             finally:
-                await conn.execute(block("install_unlock_session"), prepare=False)
+                await async_own_cursor(conn).execute(block("install_unlock_session"), prepare=False)
         finally:
-            await conn.execute(block("lock_timeout"), {"timeout": previous, "local": False})
+            await async_own_cursor(conn).execute(
+                block("lock_timeout"), {"timeout": previous, "local": False}
+            )
 
     async def _catalog(self) -> Catalog:
         """What is installed, read from the catalog in one snapshot."""
         async with self.conn.transaction():
-            found = await (await self.conn.execute(block("installed"), prepare=False)).fetchone()
-            cur = await self.conn.execute(block("installed_indexes"), prepare=False)
+            found = await (
+                await async_own_cursor(self.conn).execute(block("installed"), prepare=False)
+            ).fetchone()
+            cur = await async_own_cursor(self.conn).execute(
+                block("installed_indexes"), prepare=False
+            )
             indexes = await cur.fetchall()
         assert found is not None  # one row, always
         return catalog(found, indexes)
@@ -533,7 +545,7 @@ class AsyncQueue:
         prepare = False if name in _PLANNED_EACH_CALL or name in _NOT_PREPARED else self._prepare
         try:
             query = statements.query(name)
-            return await (conn or self.conn).execute(query, params, prepare=prepare)
+            return await async_own_cursor(conn or self.conn).execute(query, params, prepare=prepare)
         except psycopg.Error as exc:
             mapped = pgqueue_error(exc, name)
             if mapped is None:

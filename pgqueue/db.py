@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 from psycopg import conninfo
+from psycopg.rows import tuple_row
 
 from .errors import ConnectError
 
@@ -198,3 +199,16 @@ def first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     text = lines[0] if lines else type(exc).__name__
     return _KV_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
+
+
+def own_cursor(conn: psycopg.Connection) -> psycopg.Cursor[tuple[Any, ...]]:
+    """A cursor for one of pgqueue's own statements on ``conn``, whoever owns it: rows as
+    tuples and the plain client cursor, whatever ``row_factory`` or ``cursor_factory`` the
+    connection's owner set (a ``dict_row`` connection unpacked into its keys once read a
+    stale step as stored). Costs what ``conn.execute`` costs: that makes a cursor too."""
+    return psycopg.Cursor(conn, row_factory=tuple_row)
+
+
+def async_own_cursor(conn: psycopg.AsyncConnection) -> psycopg.AsyncCursor[tuple[Any, ...]]:
+    """``own_cursor`` for an ``AsyncConnection``."""
+    return psycopg.AsyncCursor(conn, row_factory=tuple_row)

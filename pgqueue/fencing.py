@@ -28,16 +28,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import cache
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import psycopg
 from psycopg import sql
 
 from . import statements
-from .db import first_line
+from .db import async_own_cursor, first_line, own_cursor
 from .errors import BadInput, FenceConflict, LeaseLost
 
 __all__ = ["FenceConflict", "LeaseLost", "async_fenced_write", "fenced_write"]
+
+# What a fenced write's statements answered: it took effect, the writer's fence is stale,
+# or (an update, no upsert) the row is not there, which says nothing about the claim.
+Answer = Literal["written", "stale", "missing"]
+WRITTEN: Answer = "written"
+STALE: Answer = "stale"
+MISSING: Answer = "missing"
 
 
 def fenced_write(
@@ -69,27 +76,56 @@ def fenced_write(
     compared as if they were one counter, which they are not.
 
     With ``upsert`` (the default) a missing row is inserted (``key`` must be a unique key);
-    without it, only an existing row is updated, and a missing one is ``False``.
+    without it, only an existing row is updated, and a missing one is ``False`` (nothing
+    written; with a job id that is not a stale fence: ``write_answer`` tells them apart).
 
     With ``check_lease`` (needs ``job_id``; the table must be in the database of ``jobs``)
     the same statement also requires that job ``job_id`` is still running with this fence
     and a lease the server's clock has not passed; if not, nothing is written (``False``).
+
+    pgqueue reads its replies as tuples whatever the connection's ``row_factory``.
     """
+    return (
+        write_answer(
+            conn, table, key, values, fence, job_id=job_id, fence_column=fence_column,
+            job_column=job_column, upsert=upsert, check_lease=check_lease,
+        )
+        == WRITTEN
+    )  # fmt: skip
+
+
+def write_answer(
+    conn: psycopg.Connection,
+    table: str,
+    key: Mapping[str, Any],
+    values: Mapping[str, Any],
+    fence: int,
+    *,
+    job_id: int | None = None,
+    fence_column: str = "fence",
+    job_column: str = "job_id",
+    upsert: bool = True,
+    check_lease: bool = False,
+) -> Answer:
+    """``fenced_write``, answered in full: ``"written"``, ``"stale"`` (a newer fence of the
+    job, or with ``check_lease`` a claim that is over) or ``"missing"`` (``upsert=False``
+    and no such row: nothing to update, which says nothing about the claim)."""
     write = compose(
         table, key, values, fence, job_id, fence_column, job_column, upsert, check_lease
     )
+    cur = own_cursor(conn)
     try:
-        if conn.execute(write.query, write.params).rowcount == 1:
-            return True
+        if cur.execute(write.query, write.params).rowcount == 1:
+            return WRITTEN
     except psycopg.errors.UndefinedColumn as exc:
         if job_id is None:
             raise
         raise write.missing_column(exc) from exc
     if job_id is None:
-        return False
-    if write.holds is not None and conn.execute(write.holds, write.params).fetchone() is None:
-        return False  # this holder's claim is over: stale, whatever the row holds
-    return write.refused(conn.execute(write.lookup, write.key_params).fetchone())
+        return STALE
+    if write.holds is not None and cur.execute(write.holds, write.params).fetchone() is None:
+        return STALE  # this holder's claim is over: stale, whatever the row holds
+    return write.refused(cur.execute(write.lookup, write.key_params).fetchone())
 
 
 async def async_fenced_write(
@@ -106,23 +142,45 @@ async def async_fenced_write(
     check_lease: bool = False,
 ) -> bool:
     """``fenced_write`` on an ``AsyncConnection``: the same statement, the same rules."""
+    answer = await async_write_answer(
+        conn, table, key, values, fence, job_id=job_id, fence_column=fence_column,
+        job_column=job_column, upsert=upsert, check_lease=check_lease,
+    )  # fmt: skip
+    return answer == WRITTEN
+
+
+async def async_write_answer(
+    conn: psycopg.AsyncConnection,
+    table: str,
+    key: Mapping[str, Any],
+    values: Mapping[str, Any],
+    fence: int,
+    *,
+    job_id: int | None = None,
+    fence_column: str = "fence",
+    job_column: str = "job_id",
+    upsert: bool = True,
+    check_lease: bool = False,
+) -> Answer:
+    """``write_answer`` on an ``AsyncConnection``."""
     write = compose(
         table, key, values, fence, job_id, fence_column, job_column, upsert, check_lease
     )
+    cur = async_own_cursor(conn)
     try:
-        if (await conn.execute(write.query, write.params)).rowcount == 1:
-            return True
+        if (await cur.execute(write.query, write.params)).rowcount == 1:
+            return WRITTEN
     except psycopg.errors.UndefinedColumn as exc:
         if job_id is None:
             raise
         raise write.missing_column(exc) from exc
     if job_id is None:
-        return False
+        return STALE
     if write.holds is not None:
-        held = await (await conn.execute(write.holds, write.params)).fetchone()
+        held = await (await cur.execute(write.holds, write.params)).fetchone()
         if held is None:
-            return False  # this holder's claim is over: stale, whatever the row holds
-    return write.refused(await (await conn.execute(write.lookup, write.key_params)).fetchone())
+            return STALE  # this holder's claim is over: stale, whatever the row holds
+    return write.refused(await (await cur.execute(write.lookup, write.key_params)).fetchone())
 
 
 class FencedWrite(NamedTuple):
@@ -146,11 +204,14 @@ class FencedWrite(NamedTuple):
             f"{self.job_column!r} bigint column beside {self.fence_column!r})"
         )
 
-    def refused(self, stored: tuple[Any, ...] | None) -> bool:
-        """A refused write with a job id: by a newer fence of this job (stale, False), or
-        by another job's row (``FenceConflict``)."""
-        if stored is None or stored[0] == self.job_id:
-            return False
+    def refused(self, stored: tuple[Any, ...] | None) -> Answer:
+        """Why a write with a job id took no effect: no such row (``missing``, only
+        without upsert), a newer fence of this job (``stale``), or another job's row
+        (``FenceConflict``)."""
+        if stored is None:
+            return MISSING
+        if stored[0] == self.job_id:
+            return STALE
         where = ", ".join(f"{k}={v!r}" for k, v in self.key.items())
         by = "without a job id" if stored[0] is None else f"by job {stored[0]}"
         raise FenceConflict(

@@ -15,8 +15,9 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from . import statements, steps
+from .db import own_cursor
 from .errors import BadInput, LeaseLost, PgQueueError
-from .fencing import fenced_write
+from .fencing import MISSING, STALE, WRITTEN, write_answer
 
 # Guards the lazy creation of ``Job.lost_event`` against a concurrent ``mark_lost``.
 _LOST_LOCK = threading.Lock()
@@ -52,6 +53,9 @@ class Job:
     # Event per claimed job was the largest client cost of a Worker draining small jobs.
     _lost: bool = field(default=False, init=False, repr=False, compare=False)
     _lost_event: threading.Event | None = field(default=None, init=False, repr=False, compare=False)
+    # Inside ``job.transaction()``: its commit checks and holds the claim, so a step there
+    # takes no lock of its own (one held to COMMIT would starve the job's heartbeats).
+    _holding: bool = field(default=False, init=False, repr=False, compare=False)
 
     @property
     def lost(self) -> bool:
@@ -99,24 +103,30 @@ class Job:
         the table needs a ``job_column`` beside ``fence``); return whether it took effect.
         The same statement checks the job in ``jobs`` too (``check_lease``): it must still
         be running with this fence and an unexpired lease. A refused write means this
-        holder's claim is over: the job is marked lost. A row written by another job raises
+        holder's claim is over: the job is marked lost. With ``upsert=False`` and no such
+        row, nothing is written and ``False`` is returned, but the claim holds (``job.lost``
+        stays False): a missing row is not a lost claim. A row written by another job raises
         ``FenceConflict`` (the handler fails, so it is seen)."""
         if self.conn is None:
             raise LeaseLost(f"job {self.id} has no connection to write with; claim it first")
         # Known stale here (failed, timed out, told by a heartbeat): refused without a
         # round trip. Otherwise the statement itself checks the row's fence and the job's.
-        took_effect = not self._lost and fenced_write(
-            self.conn,
-            table,
-            key,
-            values,
-            self.fence,
-            job_id=self.id,
-            job_column=job_column,
-            upsert=upsert,
-            check_lease=True,
+        answer = (
+            STALE
+            if self._lost
+            else write_answer(
+                self.conn,
+                table,
+                key,
+                values,
+                self.fence,
+                job_id=self.id,
+                job_column=job_column,
+                upsert=upsert,
+                check_lease=True,
+            )
         )
-        return self._wrote(took_effect)
+        return self._wrote(answer == WRITTEN, missing=answer == MISSING)
 
     def step(self, name: str, fn: Callable[[], Any]) -> Any:
         """The output of step ``name`` of this job: the stored JSON output if an earlier
@@ -132,7 +142,11 @@ class Job:
         is not JSON raises ``BadInput`` naming the step (the job fails with it), and a name
         that is not one line of text raises ``BadInput`` before ``fn`` runs. Steps are kept
         with the job; ``prune`` removes them with it. Inside ``job.transaction()`` the step
-        is part of that transaction, stored only if it commits."""
+        is part of that transaction, stored only if it commits: there it takes no lock of
+        its own, since the commit's check holds the claim, so the job's heartbeats go on
+        however long the block runs. Inside a transaction of your own the step's lock holds
+        the claim to your commit, and heartbeats pass the job by meanwhile: keep such a
+        transaction shorter than the lease, or use ``job.transaction()``."""
         name = steps.step_name(self.id, name)
         if self.conn is None:
             raise LeaseLost(f"job {self.id} has no connection to write with; claim it first")
@@ -144,7 +158,8 @@ class Job:
             return done[0]
         output, answer = steps.encode(self.id, name, fn())
         params = steps.put_params(self.id, self.fence, name, output)
-        held, stored = self._step_run(conn, "step_put", params) or (False, False)
+        put = steps.put_statement(self._holding)
+        held, stored = self._step_run(conn, put, params) or (False, False)
         if not self._wrote(held):
             raise steps.refused(self.id, self.fence, name)
         if stored:
@@ -157,7 +172,7 @@ class Job:
         self, conn: psycopg.Connection, name: str, params: dict[str, Any]
     ) -> tuple[Any, ...] | None:
         try:
-            return conn.execute(statements.query(name), params).fetchone()
+            return own_cursor(conn).execute(statements.query(name), params).fetchone()
         except psycopg.errors.UndefinedTable as exc:
             mapped = steps.missing(exc)
             if mapped is None:
@@ -191,12 +206,17 @@ class Job:
         conn = self.conn
         self._check_idle(conn.info.transaction_status)
         with conn.transaction():
-            yield conn
+            self._holding = True
+            try:
+                yield conn
+            finally:
+                self._holding = False
             held = False
             if not self._lost:  # known stale here (a heartbeat said so): no round trip
-                conn.execute(statements.query("hold_for_commit_wait"), params)
+                cur = own_cursor(conn)
+                cur.execute(statements.query("hold_for_commit_wait"), params)
                 try:
-                    row = conn.execute(statements.query("hold_for_commit"), params).fetchone()
+                    row = cur.execute(statements.query("hold_for_commit"), params).fetchone()
                 except psycopg.errors.LockNotAvailable as exc:
                     raise self._locked(lock_timeout) from exc
                 held = row is not None
@@ -240,11 +260,13 @@ class Job:
                 "(cancelled, failed, reaped or its lease ran out); the transaction was rolled back"
             )
 
-    def _wrote(self, took_effect: bool) -> bool:
+    def _wrote(self, took_effect: bool, *, missing: bool = False) -> bool:
         """After a fenced write (Job's or AsyncJob's): a refusal means this holder's fence
-        is stale, so the job is lost; record how it went."""
-        if not took_effect:
+        is stale, so the job is lost, unless the write found no row to update (``missing``),
+        which says nothing about the claim; record how it went."""
+        if not took_effect and not missing:
             self.mark_lost()
         if self.on_event:
-            self.on_event("fenced-write" if took_effect else "fenced-write-rejected", self)
+            kind = "fenced-write" if took_effect else "fenced-write-rejected"
+            self.on_event("fenced-write-missing" if missing else kind, self)
         return took_effect

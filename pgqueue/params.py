@@ -197,7 +197,7 @@ def _jsonb(payload: object, *, index: int | None = None) -> Jsonb:
         text = _JSON.encode(payload)
     except (TypeError, ValueError, RecursionError) as exc:
         raise BadInput(f"{where} is not JSON-serialisable: {exc}") from None
-    if "\\u0000" in text:
+    if steps.holds_nul(text):
         raise BadInput(f"{where} contains a NUL character (\\u0000), which jsonb cannot store")
     try:
         data = text.encode("utf-8")  # encoded once: the driver sends these bytes as they are
@@ -229,7 +229,7 @@ def result_text(value: object) -> JsonText | None:
             f"the return value is {size:,} bytes of JSON, over the {MAX_RESULT_BYTES:,}-byte cap "
             "(pgqueue.MAX_RESULT_BYTES): store it elsewhere and return a reference"
         )
-    if "\\u0000" in text:
+    if steps.holds_nul(text):
         raise BadInput("the return value contains a NUL character (\\u0000): jsonb cannot hold it")
     return JsonText(text)
 

@@ -16,7 +16,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from . import statements
-from .db import connect, pgbouncer_mode
+from .db import connect, own_cursor, pgbouncer_mode
 from .errors import KeyRace, SlotRace
 from .install import (
     DEFAULT_LOCK_TIMEOUT,
@@ -186,10 +186,12 @@ class Queue:
             found = self._catalog()
             if brief_steps(found, notify):
                 with conn.transaction():
-                    conn.execute(block("lock_timeout"), {"timeout": timeout, "local": True})
-                    conn.execute(block("install_lock"), prepare=False)
+                    own_cursor(conn).execute(
+                        block("lock_timeout"), {"timeout": timeout, "local": True}
+                    )
+                    own_cursor(conn).execute(block("install_lock"), prepare=False)
                     for step in brief_steps(self._catalog(), notify):
-                        conn.execute(step.statement, prepare=False)
+                        own_cursor(conn).execute(step.statement, prepare=False)
                         changed.append(step.what)
                 step, found = None, self._catalog()
             if slow_steps(found):
@@ -198,17 +200,17 @@ class Queue:
                 with self._one_upgrade(timeout):
                     for step in slow_steps(self._catalog()):
                         if step.concurrent:
-                            conn.execute(step.statement, prepare=False)
+                            own_cursor(conn).execute(step.statement, prepare=False)
                         else:
                             with conn.transaction():
-                                conn.execute(
+                                own_cursor(conn).execute(
                                     block("lock_timeout"), {"timeout": timeout, "local": True}
                                 )
-                                conn.execute(step.statement, prepare=False)
+                                own_cursor(conn).execute(step.statement, prepare=False)
                         changed.append(step.what)
                 step, found = None, self._catalog()
         except psycopg.errors.LockNotAvailable:
-            holder = conn.execute(block("lock_holders"), prepare=False).fetchone()
+            holder = own_cursor(conn).execute(block("lock_holders"), prepare=False).fetchone()
             raise blocked(step, lock_timeout, holder) from None
         except psycopg.errors.CheckViolation:
             raise bad_statuses() from None
@@ -224,22 +226,24 @@ class Queue:
             yield
             return
         conn = self.conn
-        [previous] = conn.execute(block("current_lock_timeout")).fetchone() or ["0"]
-        conn.execute(block("lock_timeout"), {"timeout": timeout, "local": False})
+        [previous] = own_cursor(conn).execute(block("current_lock_timeout")).fetchone() or ["0"]
+        own_cursor(conn).execute(block("lock_timeout"), {"timeout": timeout, "local": False})
         try:
-            conn.execute(block("install_lock_session"), prepare=False)
+            own_cursor(conn).execute(block("install_lock_session"), prepare=False)
             try:
                 yield
             finally:
-                conn.execute(block("install_unlock_session"), prepare=False)
+                own_cursor(conn).execute(block("install_unlock_session"), prepare=False)
         finally:
-            conn.execute(block("lock_timeout"), {"timeout": previous, "local": False})
+            own_cursor(conn).execute(block("lock_timeout"), {"timeout": previous, "local": False})
 
     def _catalog(self) -> Catalog:
         """What is installed, read from the catalog in one snapshot."""
         with self.conn.transaction():
-            found = self.conn.execute(block("installed"), prepare=False).fetchone()
-            indexes = self.conn.execute(block("installed_indexes"), prepare=False).fetchall()
+            found = own_cursor(self.conn).execute(block("installed"), prepare=False).fetchone()
+            indexes = (
+                own_cursor(self.conn).execute(block("installed_indexes"), prepare=False).fetchall()
+            )
         assert found is not None  # one row, always
         return catalog(found, indexes)
 
@@ -570,7 +574,7 @@ class Queue:
         prepare: bool | None = None,
     ) -> psycopg.Cursor:
         try:
-            return (conn or self.conn).execute(
+            return own_cursor(conn or self.conn).execute(
                 statements.query(name),
                 params,
                 prepare=self._prepare if prepare is None else prepare,

@@ -12,6 +12,7 @@ stores nothing and gets ``LeaseLost``.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -22,6 +23,15 @@ from .errors import BadInput, LeaseLost, NotInstalled
 
 MAX_NAME = 200  # characters of a step name
 _JSON = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
+# A NUL in JSON text as Python's encoder writes it: \u0000 after an even number of
+# backslashes (none, or escaped backslashes). After an odd number it is a backslash, then
+# the characters u0000: valid text, which jsonb stores.
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def holds_nul(json_text: str) -> bool:
+    """Whether JSON text made by ``json`` holds a NUL character, which jsonb cannot store."""
+    return "\\u0000" in json_text and _NUL.search(json_text) is not None
 
 
 class StepState(NamedTuple):
@@ -64,13 +74,20 @@ def encode(job_id: int, name: str, output: object) -> tuple[Jsonb, Any]:
         raise BadInput(
             f"{where} {type(output).__name__}, which is not JSON ({exc}); return a JSON value"
         ) from None
-    if "\\u0000" in text:
+    if holds_nul(text):
         raise BadInput(f"{where} text with a NUL character (\\u0000), which jsonb cannot store")
     try:
         data = text.encode("utf-8")
     except UnicodeEncodeError:
         raise BadInput(f"{where} text that is not valid UTF-8 (lone surrogates)") from None
     return Jsonb(output, dumps=lambda _: data), json.loads(text)
+
+
+def put_statement(in_job_transaction: bool) -> str:
+    """The statement that stores a step: ``step_put`` locks the job row for the rest of its
+    transaction; inside ``job.transaction()``, whose commit checks and holds the claim
+    itself, ``step_put_held`` checks without a lock, so heartbeats are not held up."""
+    return "step_put_held" if in_job_transaction else "step_put"
 
 
 def put_params(job_id: int, fence: int, name: str, output: Jsonb) -> dict[str, Any]:

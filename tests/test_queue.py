@@ -71,6 +71,7 @@ TESTED_QUERIES = {
     # durable steps, in tests/test_steps.py
     "step_get",
     "step_put",
+    "step_put_held",
     "steps",
     # results, in tests/test_results.py
     "complete_result",

@@ -117,9 +117,12 @@ def test_a_lease_run_out_refuses_the_step_before_anyone_takes_over(queue: Queue,
 
 
 def test_the_step_write_holds_the_job_row_so_a_cancel_waits(queue: Queue, dsn: str) -> None:
+    """In a transaction of the caller's own (not job.transaction(), whose commit check
+    holds the claim instead: tests/test_fence_answers.py)."""
     job_id = queue.enqueue({}, queue="q")
     [job] = queue.claim("q")
-    with job.transaction():
+    assert job.conn is not None
+    with job.conn.transaction():
         assert job.step("one", Counted(1)) == 1
         # step_put took FOR SHARE on the row in the statement that checked and wrote: a
         # cancel (FOR UPDATE) cannot come between them, nor before this commit.

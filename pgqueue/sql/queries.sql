@@ -706,6 +706,24 @@ WITH held AS (
 )
 SELECT EXISTS (SELECT FROM held) AS held, EXISTS (SELECT FROM stored) AS stored;
 
+-- name: step_put_held
+-- step_put inside a job.transaction(): the same check and write, without the FOR SHARE.
+-- That transaction's last statement (hold_for_commit) checks the claim again and holds the
+-- row to COMMIT, so a step that commits was made under a claim that still held; a lock
+-- taken here would last to that COMMIT and make every heartbeat of the job pass it by
+-- (heartbeat_many skips locked rows), so a block longer than the lease lost its claim.
+WITH held AS (
+  SELECT id, fence FROM jobs
+  WHERE id = %(job)s AND fence = %(fence)s AND status = 'running'
+    AND lease_until > clock_timestamp()
+), stored AS (
+  INSERT INTO pgqueue_steps (job_id, name, output, fence, written_at)
+  SELECT id, %(name)s, %(output)s, fence, clock_timestamp() FROM held
+  ON CONFLICT (job_id, name) DO NOTHING
+  RETURNING 1
+)
+SELECT EXISTS (SELECT FROM held) AS held, EXISTS (SELECT FROM stored) AS stored;
+
 -- name: steps
 -- The durable steps job %(job)s has stored, in the order they were written.
 SELECT name, fence, written_at, output FROM pgqueue_steps

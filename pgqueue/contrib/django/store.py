@@ -26,7 +26,7 @@ from psycopg.postgres import types
 from psycopg.pq import Conninfo, Format
 from psycopg.types.json import JsonbBinaryLoader, JsonbLoader
 
-from pgqueue.db import connect, resolve_dsn
+from pgqueue.db import connect, own_cursor, resolve_dsn
 from pgqueue.queue import Queue
 
 _JSONB = types["jsonb"].oid
@@ -43,7 +43,7 @@ class Store:
 
     def now(self, queue: Queue) -> datetime:
         """The server's ``now()``: the time of this transaction (of the statement, outside one)."""
-        row = queue.conn.execute("SELECT now()").fetchone()
+        row = own_cursor(queue.conn).execute("SELECT now()").fetchone()
         assert row is not None
         return row[0]  # type: ignore[no-any-return]
 
