@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from .db import first_line
+from .db import async_own_cursor, first_line, own_cursor
 from .errors import BadInput, GiveUp, RetryAfter, retry_delay
 from .job import Job
 from .params import JsonText, printable, result_text
@@ -80,11 +80,82 @@ def failure_of(exc: BaseException) -> Failure:
 
 # DISCARD ALL without DEALLOCATE ALL: psycopg answers a DISCARD ALL by sending DEALLOCATE
 # ALL later, which then drops a statement it has prepared again meanwhile ("prepared
-# statement _pg3_0 does not exist" in the next job, seen in the chaos run).
+# statement _pg3_0 does not exist" in the next job, seen in the chaos run). So the handler's
+# own PREPAREs (from_sql) are deallocated one by one, psycopg's left alone. RESET ALL does
+# not undo SET SESSION AUTHORIZATION: that has its own RESET, first (it also ends a SET ROLE).
 RESET_SESSION = (
-    "RESET ALL; CLOSE ALL; UNLISTEN *; SELECT pg_advisory_unlock_all(); "
-    "DISCARD TEMP; DISCARD SEQUENCES"
+    "RESET SESSION AUTHORIZATION; RESET ALL; CLOSE ALL; UNLISTEN *; "
+    "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; "
+    "DO $$DECLARE s text; BEGIN FOR s IN SELECT name FROM pg_prepared_statements "
+    "WHERE from_sql LOOP EXECUTE format('DEALLOCATE %I', s); END LOOP; END$$"
 )
+
+# psycopg's client-side settings of a connection, which no statement to the server resets.
+_SETTINGS = (
+    "read_only",
+    "isolation_level",
+    "deferrable",
+    "row_factory",
+    "cursor_factory",
+    "prepare_threshold",
+    "prepared_max",
+)
+
+
+@dataclass(frozen=True)
+class ClientState:
+    """A connection's client-side state as psycopg keeps it: its settings (put back after
+    a job that changed them) and what cannot be put back, only seen (adapters registered
+    on the connection, notice and notify handlers added): a connection whose state of that
+    kind changed is closed instead of lent again."""
+
+    settings: tuple[object, ...]
+    sealed: tuple[object, ...]
+
+    @classmethod
+    def of(cls, conn: psycopg.Connection | psycopg.AsyncConnection) -> ClientState:
+        return cls(tuple(getattr(conn, name) for name in _SETTINGS), _sealed(conn))
+
+    def changed(self, conn: psycopg.Connection | psycopg.AsyncConnection) -> list[str]:
+        """The names of the settings ``conn`` has changed since."""
+        now = ClientState.of(conn)
+        return [n for n, a, b in zip(_SETTINGS, self.settings, now.settings, strict=True) if a != b]
+
+    def restorable(self, conn: psycopg.Connection | psycopg.AsyncConnection) -> bool:
+        return _sealed(conn) == self.sealed
+
+    def restore(self, conn: psycopg.Connection) -> None:
+        """Put the settings back (the connection is idle: after any rollback)."""
+        for name in self.changed(conn):
+            setattr(conn, name, self.settings[_SETTINGS.index(name)])
+
+    async def async_restore(self, conn: psycopg.AsyncConnection) -> None:
+        """``restore`` for an ``AsyncConnection``, whose transaction settings are set by
+        coroutines."""
+        for name in self.changed(conn):
+            value = self.settings[_SETTINGS.index(name)]
+            setter = getattr(conn, f"set_{name}", None) if name in _SETTINGS[:3] else None
+            if setter is not None:
+                await setter(value)
+            else:
+                setattr(conn, name, value)
+
+
+def _sealed(conn: psycopg.Connection | psycopg.AsyncConnection) -> tuple[object, ...]:
+    """What a handler may have added to a connection and pgqueue cannot take back: adapters
+    registered on it (psycopg copies the global map on write: an owned part means one was)
+    and notice or notify handlers. psycopg's private fields, read defensively: a future
+    psycopg without them only makes this see less, never fail."""
+    adapters = getattr(conn, "_adapters", None)
+    owned = (
+        any(getattr(adapters, "_own_dumpers", {}).values())
+        or any(getattr(adapters, "_own_dumpers_by_oid", ()))
+        or any(getattr(adapters, "_own_loaders", ()))
+    )
+    notices = len(getattr(conn, "_notice_handlers", ()))
+    notifies = len(getattr(conn, "_notify_handlers", ()))
+    return (owned, notices, notifies)
+
 
 LEFT_OPEN = Failure("the handler left a transaction open; it was rolled back")
 
@@ -96,45 +167,59 @@ def is_coroutine_function(fn: object) -> bool:
 
 
 # -- the connections handlers get --------------------------------------------------------
-def reset_steps(conn: psycopg.Connection | psycopg.AsyncConnection, pgbouncer: bool) -> list[str]:
+def reset_steps(
+    conn: psycopg.Connection | psycopg.AsyncConnection, pgbouncer: bool, state: ClientState
+) -> list[str]:
     """What to do with a connection a handler had before the next job gets it, decided
-    from its state alone: ``drop`` (closed, broken, or autocommit turned off: no reset
-    undoes that), ``rollback`` (a transaction left open or failed: the job fails too),
-    ``discard`` (``RESET_SESSION`` undoes its SETs, cursors, LISTENs, advisory locks and
-    temp tables; behind PgBouncer session state does not stick, so nothing to undo)."""
+    from its state alone: ``drop`` (closed, broken, autocommit turned off, or adapters or
+    handlers added on it: no reset undoes those), ``rollback`` (a transaction left open or
+    failed: the job fails too), ``restore`` (client settings such as ``read_only`` or
+    ``row_factory`` changed: put back as ``state`` has them), ``discard``
+    (``RESET_SESSION`` undoes its SETs, session authorization, cursors, LISTENs, advisory
+    locks, temp tables and PREPAREs; behind PgBouncer session state does not stick, so
+    nothing to undo)."""
     if conn.closed or conn.broken:
         return ["drop"]
     steps = []
     if conn.info.transaction_status != TransactionStatus.IDLE:
         steps.append("rollback")
-    if not conn.autocommit:
+    if not conn.autocommit or not state.restorable(conn):
         steps.append("drop")
-    elif not pgbouncer:
+    elif state.changed(conn):
+        steps.append("restore")
+    if "drop" not in steps and not pgbouncer:
         steps.append("discard")
     return steps
 
 
-def reset(conn: psycopg.Connection, pgbouncer: bool) -> tuple[bool, bool]:
-    """Reset a plain handler's connection: (keep it, a transaction was left open)."""
-    steps = reset_steps(conn, pgbouncer)
+def reset(conn: psycopg.Connection, pgbouncer: bool, state: ClientState) -> tuple[bool, bool]:
+    """Reset a plain handler's connection to ``state``, its state when it was opened:
+    (keep it, a transaction was left open)."""
+    steps = reset_steps(conn, pgbouncer, state)
     try:
         if "drop" not in steps and "rollback" in steps:
             conn.rollback()
+        if "restore" in steps:
+            state.restore(conn)
         if "discard" in steps:
-            conn.execute(RESET_SESSION)
+            own_cursor(conn).execute(RESET_SESSION, prepare=False)
     except psycopg.Error:
         steps.append("drop")
     return "drop" not in steps, "rollback" in steps
 
 
-async def async_reset(conn: psycopg.AsyncConnection, pgbouncer: bool) -> tuple[bool, bool]:
+async def async_reset(
+    conn: psycopg.AsyncConnection, pgbouncer: bool, state: ClientState
+) -> tuple[bool, bool]:
     """``reset`` for an async handler's connection."""
-    steps = reset_steps(conn, pgbouncer)
+    steps = reset_steps(conn, pgbouncer, state)
     try:
         if "drop" not in steps and "rollback" in steps:
             await conn.rollback()
+        if "restore" in steps:
+            await state.async_restore(conn)
         if "discard" in steps:
-            await conn.execute(RESET_SESSION)
+            await async_own_cursor(conn).execute(RESET_SESSION, prepare=False)
     except psycopg.Error:
         steps.append("drop")
     return "drop" not in steps, "rollback" in steps
@@ -151,6 +236,7 @@ class ConnectionPool:
         self._connect = connect
         self._pgbouncer = pgbouncer
         self._idle: list[psycopg.AsyncConnection] = []
+        self._states: dict[int, ClientState] = {}  # each connection's as it was opened
         self._slots = asyncio.Semaphore(size)
         self.closed = False
 
@@ -162,7 +248,10 @@ class ConnectionPool:
                 conn = self._idle.pop()
                 if not (conn.closed or conn.broken):
                     return conn
-            return await self._connect()
+                self._states.pop(id(conn), None)
+            conn = await self._connect()
+            self._states[id(conn)] = ClientState.of(conn)
+            return conn
         except BaseException:
             self._slots.release()
             raise
@@ -170,13 +259,16 @@ class ConnectionPool:
     async def put(self, conn: psycopg.AsyncConnection) -> bool:
         """Take a connection back, reset; True if it was left in a transaction."""
         keep = left_open = False
+        state = self._states.get(id(conn))
         try:
-            keep, left_open = await async_reset(conn, self._pgbouncer)
+            if state is not None:  # (never None: only the pool's own come back)
+                keep, left_open = await async_reset(conn, self._pgbouncer, state)
         finally:
             self._slots.release()
         if keep and not self.closed:
             self._idle.append(conn)
         else:
+            self._states.pop(id(conn), None)
             with contextlib.suppress(Exception):
                 await conn.close()
         return left_open

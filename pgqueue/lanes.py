@@ -23,7 +23,7 @@ from collections.abc import Callable
 import psycopg
 
 from .claims import Claim
-from .handlers import LEFT_OPEN, Failure, Outcome, failure_of, reset
+from .handlers import LEFT_OPEN, ClientState, Failure, Outcome, failure_of, reset
 
 # Outcomes of a job that was not started: lost before its turn, or the worker is stopping.
 SKIPPED = Failure("skipped")
@@ -156,12 +156,14 @@ class PlainLanes:
 
     def _serve(self, lane: Lane) -> None:
         conn: psycopg.Connection | None = None
+        state: ClientState | None = None  # the connection's client state as it was opened
         asked = False  # the handler asked for the connection: reset it after the job
 
         def connection() -> psycopg.Connection:
-            nonlocal conn, asked
+            nonlocal conn, asked, state
             if conn is None:
                 conn = self._connect()
+                state = ClientState.of(conn)
             asked = True
             return conn
 
@@ -175,7 +177,8 @@ class PlainLanes:
                         outcome = failure_of(exc)
                     if conn is not None and asked:
                         asked = False
-                        keep, left_open = reset(conn, self._pgbouncer)
+                        assert state is not None
+                        keep, left_open = reset(conn, self._pgbouncer, state)
                         if not keep:
                             with contextlib.suppress(Exception):
                                 conn.close()
