@@ -477,8 +477,11 @@ class Engine:
         if not jobs:
             # Dry only if nothing was held while the claim ran either: a fail or release
             # that committed meanwhile may have made a job runnable after its snapshot.
+            # And only once the reaper found nothing of ours to return: a crashed worker's
+            # job whose lease ran out is runnable too, and the reaper's own round may not
+            # come before a short burst run ends.
             if o.burst and not held and not self.claims:
-                return False
+                return await self._reap() > 0
             await self._bell.wait(seen, o.poll_interval)
             return True
         claimed = self._take(jobs)
@@ -866,9 +869,10 @@ class Engine:
                     )
                 else:
                     ok = await queue.release(job)  # type: ignore[arg-type]
+                took: bool | None = ok
                 if not ok and (attempt > 0 or tried):
-                    ok = await _took_effect(queue, action, job, error)
-                outcome = "ok" if ok else "refused"
+                    took = await _took_effect(queue, action, job, error)
+                outcome = "unknown" if took is None else "ok" if took else "refused"
                 break
             except (psycopg.Error, ConnectError) as exc:
                 await self._writes_link.drop()
@@ -941,7 +945,7 @@ class Engine:
             self._drop(claim)
         ends = [(claim, outcome[key_of(claim.job)]) for claim in claims]
         self.rejected += sum(end == "refused" for _, end in ends)
-        self.gave_up += sum(end == "gave-up" for _, end in ends)
+        self.gave_up += sum(end in ("gave-up", "unknown") for _, end in ends)
         ok = [claim.job for claim, end in ends if end == "ok"]
         if ok:
             self._bell.ring()  # a slot of a limited group may be free: claim again now
@@ -1085,13 +1089,20 @@ class Engine:
                 log.log(level, "%s: %s: %s", self.options.name, what, describe(exc))
             await asyncio.sleep(seconds)
 
-    async def _reap(self) -> None:
+    async def _reap(self) -> int:
+        """Return the jobs whose lease ran out (any queue's: the reaper serves them all);
+        how many of this worker's queues are runnable again."""
         queue = await self._claims_link.get()
         reaped = await queue.reap()
         name = self.options.name
         self.events.record_many(("reap", name, r.id, r.fence, r.status) for r in reaped)
-        if any(row.queue in self.options.queues and row.status == "ready" for row in reaped):
+        for row in reaped:
+            back = "back to ready" if row.status == "ready" else "dead (no attempts left)"
+            log.info("%s: reaped job %s (%s), its lease ran out: %s", name, row.id, row.queue, back)
+        ours = sum(row.queue in self.options.queues and row.status == "ready" for row in reaped)
+        if ours:
             self._bell.ring()
+        return ours
 
     # -- listener: LISTEN/NOTIFY as a wake-up hint ------------------------------------
     async def _hear(self) -> None:
@@ -1163,17 +1174,28 @@ def _plain_job(claimed: AsyncJob) -> Job:
     )
 
 
-async def _took_effect(queue: AsyncQueue, action: str, job: Job, error: str) -> bool:
-    """After a retry, whether an earlier try committed although its reply was lost."""
+async def _took_effect(queue: AsyncQueue, action: str, job: Job, error: str) -> bool | None:
+    """After a retry, whether an earlier try committed although its reply was lost: True,
+    False, or None where the row has moved on so that it cannot tell (another holder's
+    claim or write came since). Only a state that no other writer can produce counts as
+    taken: a complete leaves ``done`` at this fence; a fail raises the fence by one with
+    attempts unchanged (a claim after a reap raises both; another holder's fail, with the
+    same error text, comes after such a claim); a release gives the attempt back, fence kept."""
     row = await queue.get(job.id)
     if row is None:
-        return False
-    if action == "complete":
+        return None  # pruned since: a finished job, so perhaps by this write
+    took: bool | None
+    if action == "complete":  # nothing changes a done row (but prune): exact either way
         took = row.status == "done" and row.fence == job.fence
     elif action == "fail":
-        took = row.fence > job.fence and row.last_error == column_text(error, 10_000)
+        if row.fence == job.fence:
+            took = False  # a fail raises the fence: this one did not commit
+        elif row.fence == job.fence + 1 and row.attempts == job.attempts:
+            took = row.status in ("ready", "dead") and row.last_error == column_text(error, 10_000)
+        else:
+            took = None
     else:
-        took = row.fence == job.fence and row.attempts == job.attempts - 1
+        took = row.attempts == job.attempts - 1 if row.fence == job.fence else None
     if took:
         job.status = {"complete": "done", "release": "ready"}.get(
             action, "dead" if row.status == "dead" else "ready"
@@ -1182,8 +1204,10 @@ async def _took_effect(queue: AsyncQueue, action: str, job: Job, error: str) -> 
 
 
 def _end_kind(action: str, end: str) -> str:
-    """The event a finished job records: its action, the action refused, or a give-up."""
-    return {"ok": action, "refused": f"{action}-rejected", "gave-up": "gave-up"}[end]
+    """The event a finished job records: its action, the action refused, a give-up, or an
+    end whose reply was lost and cannot be told."""
+    kinds = {"ok": action, "refused": f"{action}-rejected", "gave-up": "gave-up"}
+    return kinds.get(end, f"{action}-unknown")
 
 
 def _log_end(lane: str, job: Job, action: str, end: str, error: str) -> None:
@@ -1191,6 +1215,16 @@ def _log_end(lane: str, job: Job, action: str, end: str, error: str) -> None:
     if end == "refused":
         why = f"fence {job.fence} is stale (another holder has it)"
         log.warning("%s: late %s of job %s refused: %s", lane, action, job.id, why)
+    elif end == "unknown":
+        log.warning(
+            "%s: the reply to the %s of job %s was lost, and its row has moved on since "
+            "(another claim or write): whether it took effect cannot be told; "
+            "`pgqueue show %s` shows where the job is now",
+            lane,
+            action,
+            job.id,
+            job.id,
+        )
     elif end == "gave-up":
         then = "its lease will run out and the reaper will return it"
         log.warning(
