@@ -176,6 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="serve Prometheus metrics on port N at /metrics (needs pgqueue[metrics])",
     )
+    p.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="the address the metrics listen on (default 127.0.0.1, this host only; "
+        "0.0.0.0 for every interface, so a scraper on another host can reach them)",
+    )
 
     command("reap", cmd_reap, "return jobs with expired leases to the queue (or mark them dead)")
 
@@ -390,11 +397,12 @@ def cmd_worker(args: argparse.Namespace) -> int | None:
         flush_after=args.flush_after,
         record_events=False,  # nobody draws a timeline of a command-line worker
         metrics_port=args.metrics_port,
+        metrics_addr=args.metrics_addr,
     )
     if args.metrics_port is not None:
         from .metrics import check_port
 
-        check_port(args.metrics_port)  # in use: one line, before anything starts
+        check_port(args.metrics_port, args.metrics_addr)  # in use: one line, before anything starts
     logging.getLogger("pgqueue").setLevel(logging.INFO if args.verbose else logging.WARNING)
     print(
         f"{args.name}: {describe_dsn(args.dsn)}; queue {', '.join(worker.queues)}; "

@@ -57,17 +57,18 @@ def needs_client() -> None:
         ) from None
 
 
-def check_port(port: int) -> None:
-    """A one-line ``BadInput`` if nothing may listen on ``port`` now (the CLI asks before
-    it starts anything, so a port in use is one line)."""
-    with _port_errors(port), socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+def check_port(port: int, addr: str = "127.0.0.1") -> None:
+    """A one-line ``BadInput`` if nothing may listen on ``addr``:``port`` now (the CLI asks
+    before it starts anything, so a port in use is one line)."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    with _port_errors(port, addr), socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does
-        probe.bind(("", port))
+        probe.bind((addr, port))
         probe.listen(1)
 
 
 @contextlib.contextmanager
-def _port_errors(port: int) -> Iterator[None]:
+def _port_errors(port: int, addr: str) -> Iterator[None]:
     """Turn an ``OSError`` of listening on ``port`` into one line that says what to do."""
     try:
         yield
@@ -77,7 +78,8 @@ def _port_errors(port: int) -> Iterator[None]:
         else:
             why = f"cannot be listened on ({exc.strerror or exc})"
         raise BadInput(
-            f"metrics port {port} {why}: choose another metrics_port (--metrics-port)"
+            f"metrics port {port} on {addr} {why}: choose another metrics_port "
+            "(--metrics-port) or metrics_addr (--metrics-addr)"
         ) from None
 
 
@@ -148,6 +150,7 @@ class WorkerMetrics:
         needs_client()  # at the worker's construction, as the options' checks are
         self.options = options
         self.port = options.metrics_port  # the one listened on, once serving (0: any free)
+        self.address = options.metrics_addr
         self.queues: dict[str, QueueCounts] = {name: QueueCounts() for name in options.queues}
         self._server: WSGIServer | None = None
         self._lock = threading.Lock()  # one read of the table at a time, one connection
@@ -203,10 +206,10 @@ class WorkerMetrics:
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
             collector(registry=registry)
         registry.register(self)  # type: ignore[arg-type]
-        with _port_errors(self.port):
-            self._server, _ = start_http_server(self.port, registry=registry)
+        with _port_errors(self.port, self.address):
+            self._server, _ = start_http_server(self.port, addr=self.address, registry=registry)
         self.port = self._server.server_port
-        log.info("%s: metrics on http://localhost:%d/metrics", self.options.name, self.port)
+        log.info("%s: metrics on %s", self.options.name, self.url)
 
     def close(self) -> None:
         """Stop listening and close the connection the scrapes read through (blocks up to
@@ -222,7 +225,8 @@ class WorkerMetrics:
 
     @property
     def url(self) -> str:
-        return f"http://localhost:{self.port}/metrics"
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"http://{host}:{self.port}/metrics"
 
     def collect(self) -> Iterator[Metric]:
         """Every metric, for a scrape (on the HTTP server's thread)."""

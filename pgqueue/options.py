@@ -39,6 +39,7 @@ class WorkerKeywords(TypedDict, total=False):
     name: str
     record_events: bool
     metrics_port: int | None
+    metrics_addr: str
 
 
 def whole(what: str, value: object, lower: int, upper: int) -> int:
@@ -80,6 +81,9 @@ class WorkerOptions:
     name: str = "worker"
     record_events: bool = True
     metrics_port: int | None = None  # serve Prometheus metrics here (0: any free port)
+    # ... on this address only: loopback unless told, so a worker's metrics (queue names,
+    # counts) are not served to whoever reaches the host.
+    metrics_addr: str = "127.0.0.1"
     tasks: Tasks | None = field(default=None, compare=False)
 
     @classmethod
@@ -107,6 +111,12 @@ class WorkerOptions:
             raise BadInput(f"name must be a non-empty string, got {name!r}")
         if metrics_port is not None:
             whole("metrics_port", metrics_port, 0, 65535)
+        metrics_addr = kw["metrics_addr"]
+        if not isinstance(metrics_addr, str) or not metrics_addr.strip():
+            raise BadInput(
+                f"metrics_addr must be an address to listen on, such as 127.0.0.1 or 0.0.0.0, "
+                f"got {metrics_addr!r}"
+            )
         tasks = handler if isinstance(handler, Tasks) else None
         queue = given.get("queue")
         if queue is None:
@@ -133,6 +143,7 @@ class WorkerOptions:
             name=name,
             record_events=bool(kw["record_events"]),
             metrics_port=metrics_port,
+            metrics_addr=metrics_addr.strip(),
             tasks=tasks,
         )
 

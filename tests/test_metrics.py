@@ -289,8 +289,8 @@ def test_a_metrics_port_in_use_stops_the_worker_before_it_claims(dsn: str) -> No
             worker.start()
         message = str(caught.value)
         assert message == (
-            f"metrics port {port} is in use (another process listens on it): "
-            "choose another metrics_port (--metrics-port)"
+            f"metrics port {port} on 127.0.0.1 is in use (another process listens on it): "
+            "choose another metrics_port (--metrics-port) or metrics_addr (--metrics-addr)"
         )
         assert worker.engine.phase == Phase.NEW and worker.engine._tasks == []
 
@@ -298,7 +298,7 @@ def test_a_metrics_port_in_use_stops_the_worker_before_it_claims(dsn: str) -> No
             async def handler(job: Job) -> None: ...
 
             aworker = AsyncWorker(handler, dsn=dsn, queue="m", metrics_port=port)
-            with pytest.raises(BadInput, match=f"^metrics port {port} is in use"):
+            with pytest.raises(BadInput, match=f"^metrics port {port} on 127.0.0.1 is in use"):
                 await aworker.start()
             assert aworker.engine.phase == Phase.NEW
 
