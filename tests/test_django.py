@@ -313,6 +313,36 @@ def test_immediate_system_exit_fails_and_keyboard_interrupt_propagates(
     assert [s for s, i, _ in heard if i == str(job_id)] == ["enqueued", "started"]
 
 
+def test_immediate_refuses_run_after_as_djangos_own_immediate_backend_does(db: str) -> None:
+    """Before: IMMEDIATE said supports_defer and ran a task deferred by a day at once."""
+    from datetime import timedelta
+
+    from django.tasks import task_backends
+    from django.tasks.exceptions import InvalidTask
+    from django.utils import timezone
+    from shop.tasks import add
+
+    assert task_backends["immediate"].supports_defer is False
+    assert task_backends["default"].supports_defer is True
+    later = timezone.now() + timedelta(days=1)
+    with pytest.raises(InvalidTask, match="run_after"):
+        add.using(backend="immediate", run_after=later).enqueue(1, 2)
+    assert rows(db, "SELECT count(*) FROM jobs") == [(0,)]
+    deferred = add.using(run_after=later).enqueue(1, 2)  # the worker's backend defers
+    assert rows(db, "SELECT status FROM jobs WHERE id = %s", [int(deferred.id)]) == [("ready",)]
+
+
+def test_an_immediate_task_that_outlives_its_lease_ends_failed_never_ready(db: str) -> None:
+    """Its one-off queue has no worker: were it reaped to ready there, it would stay READY
+    for ever. One attempt, so the reaper sends it dead, and its late completion is refused."""
+    from django.tasks import TaskResultStatus
+    from shop.tasks import outlives_its_lease
+
+    result = outlives_its_lease.using(backend="immediate").enqueue()
+    assert result.status == TaskResultStatus.FAILED
+    assert rows(db, "SELECT status, attempts FROM jobs") == [("dead", 1)]
+
+
 # -- running: the worker ----------------------------------------------------------------
 def test_worker_signals_each_once_and_context_attempt_counts_claims(db: str, heard: list) -> None:
     from django.tasks import TaskResultStatus
@@ -524,4 +554,31 @@ def test_a_task_whose_worker_is_sigkilled_is_finished_by_the_next_worker(
     assert done.attempts == 2
     assert [w.split("@")[0] for w in done.worker_ids] == ["first", "second"]
     assert done.errors == []  # the killed attempt raised nothing
+    assert rows(db, "SELECT status, attempts FROM jobs") == [("done", 2)]
+
+
+@pytest.mark.slow
+def test_a_burst_worker_after_a_sigkilled_one_reaps_and_finishes_its_task(
+    db: str, tmp_path: Path
+) -> None:
+    """Before: ``pgqueue_worker --burst`` after the killed worker's lease ran out said the
+    queue was dry and left the task RUNNING for ever."""
+    from django.tasks import TaskResultStatus
+    from shop.tasks import hang_first
+
+    marker = tmp_path / "attempt"
+    result = hang_first.enqueue(str(marker))
+    env = {**os.environ, "PGQUEUE_DJANGO_DSN": db, "PGQUEUE_DJANGO_LEASE": "30"}
+    command = [sys.executable, "manage.py", "pgqueue_worker", "--name", "first"]
+    first = subprocess.Popen(command, cwd=PROJECT, env=env, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: Path(f"{marker}.1").exists())  # attempt 1 runs (and hangs)
+    finally:
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+    with psycopg.connect(db, autocommit=True) as conn:  # its lease runs out, at once
+        conn.execute("UPDATE jobs SET lease_until = now() - interval '1 second'")
+    burst(db, "--name", "second")
+    done = hang_first.get_result(result.id)
+    assert done.status == TaskResultStatus.SUCCESSFUL and done.return_value == 2
     assert rows(db, "SELECT status, attempts FROM jobs") == [("done", 2)]

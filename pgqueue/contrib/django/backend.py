@@ -43,6 +43,9 @@ class TaskBackend(BaseTaskBackend):
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         self.settings = BackendOptions.of(alias, self.options)
+        # IMMEDIATE runs a task at enqueue: like Django's own immediate backend, it cannot
+        # defer one, so a run_after is refused (InvalidTask) rather than ignored.
+        self.supports_defer = not self.settings.immediate
         self.worker_id = worker_id("immediate")
         self._store: Store | None = None
         self._own: OwnStore | None = None  # for sync calls in an async context

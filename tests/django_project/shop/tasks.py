@@ -91,6 +91,20 @@ def hang_first(context: TaskContext, marker: str) -> int:
 
 
 @task()
+def outlives_its_lease() -> str:
+    """A task that runs past its lease: it ends the lease of every running job and runs
+    the reaper, as a reaper would once the lease ran out, then returns."""
+    from pgqueue import statements
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE jobs SET lease_until = now() - interval '1 second' WHERE status = 'running'"
+        )
+        cursor.execute(statements.query("reap"))
+    return "late"
+
+
+@task()
 def rendezvous(n: int) -> int:
     """Wait (at most 20 s) until ``n`` jobs have started (are running or done; one that saw
     the others running may have finished since); return this process's id."""
