@@ -42,9 +42,11 @@ exercises: setup
 data: setup
 	$(VENV)/bin/pgqueue bench --out data $(BENCH_ARGS)
 
-## make soak: ten minutes of real workers under kills, pauses, cut sessions and a restart
+## make soak: ten minutes of real workers under kills, pauses, cut sessions and a restart,
+## then the fence's model-based test with its longer profile (500 examples)
 soak: setup
 	$(VENV)/bin/pgqueue chaos --duration 600
+	PGQUEUE_MODEL_EXAMPLES=500 PGQUEUE_MODEL_STEPS=60 $(PY) -m pytest -q --timeout 3600 tests/test_fence_model.py
 
 ## make course: open the notebooks in JupyterLab
 course: setup
