@@ -11,15 +11,13 @@ from functools import cache
 from importlib import resources
 
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from .. import statements
-from ..db import connect, resolve_dsn
 from ..errors import BadInput
 from ..events import Event, EventLog
 from ..job import Job
 from ..queue import Queue
+from ..tools.databases import drop_database, fresh_database
 
 
 @cache
@@ -27,32 +25,6 @@ def counterfactuals() -> dict[str, str]:
     """The deliberately wrong statements of ``counterfactuals.sql``, by name: never use them."""
     text = resources.files(__package__).joinpath("counterfactuals.sql").read_text(encoding="utf-8")
     return statements.parse(text)
-
-
-def fresh_database(name: str, dsn: str | None = None) -> str:
-    """Drop and re-create database ``name`` with the pgqueue schema; return its DSN.
-
-    Each notebook works in a database of its own, so notebooks run in any order and
-    measurements (dead rows, table sizes) are not disturbed by one another.
-    """
-    admin = resolve_dsn(dsn)
-    with connect(admin) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    target = make_conninfo(admin, dbname=name)
-    with Queue(target) as q:
-        q.install()
-    return target
-
-
-def drop_database(name: str, dsn: str | None = None) -> None:
-    """Remove a database made by ``fresh_database`` (cleaning up after a notebook)."""
-    with connect(resolve_dsn(dsn)) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
 
 
 @contextmanager

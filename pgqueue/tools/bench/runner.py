@@ -33,10 +33,10 @@ from typing import Any
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from ...course.lab import drop_database, fresh_database
 from ...db import connect
 from ...job import Job
 from ...server import EmbeddedServer, package_bin_dir
+from ..databases import drop_database, fresh_database
 
 QUEUE = "bench"
 
