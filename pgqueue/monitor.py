@@ -29,7 +29,6 @@ from psycopg.conninfo import make_conninfo
 from . import statements
 from .async_queue import AsyncQueue
 from .db import connect, pgbouncer_mode
-from .engine import Phase
 from .errors import BadInput
 from .monitor_looks import (
     Counts,
@@ -418,7 +417,7 @@ def _condition(until: object) -> Callable[[Monitor], bool]:
             m._busy and not (m.snapshots[-1].total.ready + m.snapshots[-1].total.running)
         )
     if isinstance(until, Face):
-        return lambda m: _finished(until)
+        return lambda m: until.finished
     if isinstance(until, threading.Thread):
         return lambda m: until.ident is not None and not until.is_alive()
     if isinstance(until, threading.Event):
@@ -429,15 +428,6 @@ def _condition(until: object) -> Callable[[Monitor], bool]:
         "until must be a Worker, a thread, an Event, a callable, 'drained' or a list of "
         f"them, got {until!r}"
     )
-
-
-def _finished(worker: Face) -> bool:
-    """A worker that has stopped, or a burst run gone dry with every job it held settled
-    (its last completions are written in batches, after its handlers ended)."""
-    engine = worker.engine
-    if engine.phase >= Phase.CLOSED:
-        return True
-    return engine.phase > Phase.NEW and not engine.working and not worker.in_flight
 
 
 # -- showing it ---------------------------------------------------------------------------

@@ -27,6 +27,17 @@ def no_span(job: Job) -> AbstractContextManager[Any]:
     return _NONE
 
 
+def _version() -> str:
+    """This package's version, from its installed metadata (importing ``pgqueue`` here
+    would run back up the imports, from a room below the package's own)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pgqueue")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
 def job_spans() -> SpanFor:
     """The span maker for the jobs of a worker starting now: ``no_span`` unless
     ``opentelemetry-api`` is installed and a tracer provider has been set."""
@@ -37,9 +48,7 @@ def job_spans() -> SpanFor:
     provider = trace.get_tracer_provider()
     if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
         return no_span
-    import pgqueue
-
-    tracer = provider.get_tracer("pgqueue", pgqueue.__version__)
+    tracer = provider.get_tracer("pgqueue", _version())
     consumer, error = trace.SpanKind.CONSUMER, trace.StatusCode.ERROR
 
     class JobSpan:

@@ -81,6 +81,15 @@ class Face:
         """Jobs claimed and not yet finished by this worker."""
         return [claim.job for claim in list(self.engine.claims.values())]
 
+    @property
+    def finished(self) -> bool:
+        """Whether the worker has stopped, or a burst run went dry with every job it held
+        settled (its last completions are written in batches, after its handlers ended)."""
+        engine = self.engine
+        if engine.phase >= Phase.CLOSED:
+            return True
+        return engine.phase > Phase.NEW and not engine.working and not engine.claims
+
     def _banner(self, what: str) -> str:
         o = self.options
         return (
