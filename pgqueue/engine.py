@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psycopg
 from psycopg import conninfo
 
-from . import periodic, tracing
+from . import periodic, rules, tracing
 from .async_job import AsyncJob
 from .async_queue import AsyncQueue, async_connect
 from .claims import Batch, Claim, Key, key_of
@@ -61,7 +61,7 @@ from .handlers import (
 from .job import Job
 from .lanes import RELEASED, SKIPPED, PlainLanes
 from .options import WorkerOptions
-from .params import MAX_CLAIM, column_text
+from .params import column_text
 from .tasks import Task
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ class Link:
         if self._opening is None:
             self._opening = asyncio.Lock()
         async with self._opening:  # tasks sharing a link open one connection, not several
-            delay = 0.05
+            backoff = rules.Backoff()
             while self.queue is None:
                 o = self.engine.options
                 try:
@@ -149,9 +149,9 @@ class Link:
                 except ConnectError as exc:
                     if self.engine.phase >= Phase.STOPPING:
                         raise
-                    log.warning("%s: %s; retrying in %.1fs", o.name, exc, delay)
-                    await asyncio.sleep(delay * (0.5 + random.random()))
-                    delay = min(delay * 2, 2.0)
+                    wait = backoff.failed()
+                    log.warning("%s: %s; retrying in %.1fs", o.name, exc, wait)
+                    await asyncio.sleep(wait)
         return self.queue
 
     async def _open(self) -> AsyncQueue:
@@ -436,12 +436,12 @@ class Engine:
     async def _dispatch(self) -> None:
         """Claim and start jobs until stopped (or a dry queue in burst mode); an error is
         logged and the dispatcher carries on after a backoff. Then give back what waits."""
-        delay = 0.05
+        backoff = rules.Backoff()
         while self.phase == Phase.WORKING:
             try:
                 if not await self._dispatch_once():
                     break
-                delay = 0.05
+                backoff.succeeded()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -450,9 +450,9 @@ class Engine:
                     break
                 level = logging.WARNING if isinstance(exc, DISCONNECTS) else logging.ERROR
                 name = self.options.name
-                log.log(level, "%s: %s; carrying on in %.1fs", name, describe(exc), delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                wait = backoff.failed()
+                log.log(level, "%s: %s; carrying on in %.1fs", name, describe(exc), wait)
+                await asyncio.sleep(wait)
         if self._plain is not None:
             self._waiting.extend(self._plain.drain())
         while self._waiting and self.phase < Phase.LEAVING:
@@ -480,8 +480,11 @@ class Engine:
             # And only once the reaper found nothing of ours to return: a crashed worker's
             # job whose lease ran out is runnable too, and the reaper's own round may not
             # come before a short burst run ends.
-            if o.burst and not held and not self.claims:
-                return await self._reap() > 0
+            if o.burst:
+                holding = bool(held or self.claims)
+                reaped = 0 if holding else await self._reap()
+                if rules.burst_dry(held_while_claiming=holding, reaped_back=reaped):
+                    return False
             await self._bell.wait(seen, o.poll_interval)
             return True
         claimed = self._take(jobs)
@@ -492,32 +495,31 @@ class Engine:
         return True
 
     def _wants_jobs(self) -> bool:
-        waiting, lanes = self._waiting_now(), self.options.concurrency
-        if self._claim_size() <= 0:
-            return False
-        return (waiting == 0 and self._busy_now() < lanes) or (self._deep and waiting < lanes)
+        return rules.wants_jobs(
+            self._claim_size(),
+            waiting=self._waiting_now(),
+            busy=self._busy_now(),
+            lanes=self.options.concurrency,
+            deep=self._deep,
+        )
 
     def _claim_size(self) -> int:
-        """How many jobs the next claim asks for: at most ``batch``, or under a backlog as
-        many as the worker may still hold, so one claim (one commit, and its WAL flush) tops
-        up every lane; for plain handlers in whole batches, each a lane's (0: none now)."""
-        room, batch = self._room_to_hold(), self.options.batch
-        if not self._deep:
-            return min(room, batch)
-        room = min(room, MAX_CLAIM)
-        return room - room % batch if self._plain is not None else room
+        """How many jobs the next claim asks for (``rules.claim_size``)."""
+        plain = self._plain is not None
+        return rules.claim_size(
+            self._room_to_hold(), self.options.batch, deep=self._deep, plain=plain
+        )
 
     def _room_to_hold(self) -> int:
-        """How many more jobs this worker may claim. Of jobs whose handler has not ended, it
-        holds at most ``batch`` a lane with plain handlers (as when each lane claimed its own
-        batch), or a batch beside the handlers of all lanes but one with async ones. Jobs
-        whose completion is on its way do not count, so the next claim goes out beside that
-        statement instead of after it; but it holds at most twice as many in all, and a kill
-        re-runs at most that many."""
+        """How many more jobs this worker may claim (``rules.room_to_hold``)."""
         o = self.options
-        unfinished, in_all = holds_at_most(o.batch, o.concurrency, plain=self._plain is not None)
-        held = len(self.claims)
-        return min(unfinished - (held - len(self._finishing)), in_all - held)
+        return rules.room_to_hold(
+            o.batch,
+            o.concurrency,
+            plain=self._plain is not None,
+            held=len(self.claims),
+            finishing=len(self._finishing),
+        )
 
     def _waiting_now(self) -> int:
         return len(self._waiting) + (len(self._plain.waiting) if self._plain else 0)
@@ -623,10 +625,12 @@ class Engine:
         plain job: it reads the engine's state, and the loop files what it says."""
         self.seams._gate()
         key = key_of(claim.job)
-        if self.phase != Phase.WORKING:
-            return RELEASED
-        if self.claims.get(key) is not claim or key in self._finishing or claim.job.lost:
-            return SKIPPED
+        current = self.claims.get(key) is claim and key not in self._finishing
+        verdict = rules.may_start(
+            working=self.phase == Phase.WORKING, current=current, lost=claim.job.lost
+        )
+        if verdict != "start":
+            return RELEASED if verdict == "release" else SKIPPED
         claim.timeout = self._timeout_for(claim.job)
         claim.started = time.monotonic()
         return None
@@ -712,13 +716,13 @@ class Engine:
         lane retired (a new one takes its place; the thread ends when its handler does)."""
         now = time.monotonic()
         for claim, task in list(self._running.items()):
-            if _late(claim, now) and not claim.timed_out:
+            if rules.late(claim.started, claim.timeout, now) and not claim.timed_out:
                 claim.timed_out = True
                 task.cancel()
                 self._give_back_slot()
                 self._fail_late(claim)
         for lane, claim in self._plain.running() if self._plain is not None else []:
-            if _late(claim, now) and self._plain.retire(lane, claim):
+            if rules.late(claim.started, claim.timeout, now) and self._plain.retire(lane, claim):
                 self._fail_late(claim)
 
     def _fail_late(self, claim: Claim) -> None:
@@ -810,11 +814,13 @@ class Engine:
         if self.options.tasks is None:
             return self.options.timeout
         task = self._task_of(job)
-        return task.timeout if task and task.timeout is not None else self.options.timeout
+        return rules.task_or_worker(task and task.timeout, self.options.timeout)
 
     def _backoff_for(self, job: Job) -> float:
         task = self._task_of(job)
-        return task.backoff if task and task.backoff is not None else self.options.backoff
+        backoff = rules.task_or_worker(task and task.backoff, self.options.backoff)
+        assert backoff is not None
+        return backoff
 
     # -- endings: complete, fail, release by fence -------------------------------------
     def _own_finish(self, claim: Claim) -> bool:
@@ -908,13 +914,14 @@ class Engine:
     def _due(self) -> list[Claim]:
         """The buffered jobs whose completion is due: all of them while stopping, else those
         whose batch is over, or all once the oldest has waited ``flush_after``."""
-        if not self._buffer:
-            return []
-        if self.phase >= Phase.STOPPING:
-            return [claim for claim, _ in self._buffer]
-        if time.monotonic() - self._buffer[0][1] >= self.options.flush_after:
-            return [claim for claim, _ in self._buffer]
-        return [claim for claim, _ in self._buffer if claim.batch.left == 0]
+        now = time.monotonic()
+        due = rules.flush_due(
+            [now - buffered for _, buffered in self._buffer],
+            [claim.batch.left for claim, _ in self._buffer],
+            stopping=self.phase >= Phase.STOPPING,
+            flush_after=self.options.flush_after,
+        )
+        return [self._buffer[i][0] for i in due]
 
     async def _flush(self) -> None:
         """Complete the buffered jobs that are due in one fenced statement."""
@@ -958,7 +965,13 @@ class Engine:
             self.metrics.settled(action, ends)
         if self._recording:
             self.events.record_many(
-                (_end_kind(action, end), c.lane, c.job.id, c.job.fence, error if ok else action)
+                (
+                    rules.end_kind(action, end),
+                    c.lane,
+                    c.job.id,
+                    c.job.fence,
+                    error if ok else action,
+                )
                 for c, end in ends
                 for ok in [end == "ok"]
             )
@@ -968,7 +981,7 @@ class Engine:
     # -- the keeper: heartbeats, local deadlines, late flushes --------------------------
     async def _keep(self) -> None:
         link = Link(self)
-        beat_every = self.options.lease / 3
+        beat_every = rules.beat_every(self.options.lease)
         next_beat = time.monotonic() + beat_every
         # Each heartbeat is a task of its own: a statement stuck on a half-open connection
         # holds up neither the local deadlines nor the timed flushes of this loop.
@@ -1044,7 +1057,8 @@ class Engine:
         now = time.monotonic()
         for claim in list(self.claims.values()):
             job = claim.job
-            if now < job.deadline or claim.expiry_seen or key_of(job) in self._finishing:
+            seen = claim.expiry_seen or key_of(job) in self._finishing
+            if seen or not rules.expired(job.deadline, now):
                 continue
             claim.expiry_seen = True
             job.mark_lost()
@@ -1107,13 +1121,13 @@ class Engine:
     # -- listener: LISTEN/NOTIFY as a wake-up hint ------------------------------------
     async def _hear(self) -> None:
         o = self.options
-        delay = 0.05
+        backoff = rules.Backoff()
         while self.phase == Phase.WORKING:
             try:
                 dsn = o.listen_dsn or o.dsn
                 async with await async_connect(dsn, application_name=o.app_name) as conn:
                     await conn.execute("LISTEN pgqueue")
-                    delay = 0.05
+                    backoff.succeeded()
                     self._bell.ring()  # we may have missed hints while (re)connecting
                     while self.phase == Phase.WORKING:
                         async for note in conn.notifies(timeout=1.0):
@@ -1125,21 +1139,7 @@ class Engine:
                 if self.phase != Phase.WORKING:
                     return
                 log.warning("%s: listener reconnecting (%s)", o.name, describe(exc))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-
-
-def holds_at_most(batch: int, concurrency: int, *, plain: bool) -> tuple[int, int]:
-    """The most jobs a worker holds: of those whose handler has not ended, and in all,
-    counting those whose completion is on its way (see ``Engine._room_to_hold``)."""
-    unfinished = batch * concurrency if plain else concurrency + batch - 1
-    return unfinished, 2 * unfinished
-
-
-def _late(claim: Claim, now: float) -> bool:
-    """Whether the job's handler has run past its timeout."""
-    started, timeout = claim.started, claim.timeout
-    return started is not None and timeout is not None and now - started > timeout
+                await asyncio.sleep(backoff.failed())
 
 
 def _limited(o: WorkerOptions) -> str:
@@ -1175,39 +1175,21 @@ def _plain_job(claimed: AsyncJob) -> Job:
 
 
 async def _took_effect(queue: AsyncQueue, action: str, job: Job, error: str) -> bool | None:
-    """After a retry, whether an earlier try committed although its reply was lost: True,
-    False, or None where the row has moved on so that it cannot tell (another holder's
-    claim or write came since). Only a state that no other writer can produce counts as
-    taken: a complete leaves ``done`` at this fence; a fail raises the fence by one with
-    attempts unchanged (a claim after a reap raises both; another holder's fail, with the
-    same error text, comes after such a claim); a release gives the attempt back, fence kept."""
-    row = await queue.get(job.id)
-    if row is None:
-        return None  # pruned since: a finished job, so perhaps by this write
-    took: bool | None
-    if action == "complete":  # nothing changes a done row (but prune): exact either way
-        took = row.status == "done" and row.fence == job.fence
-    elif action == "fail":
-        if row.fence == job.fence:
-            took = False  # a fail raises the fence: this one did not commit
-        elif row.fence == job.fence + 1 and row.attempts == job.attempts:
-            took = row.status in ("ready", "dead") and row.last_error == column_text(error, 10_000)
-        else:
-            took = None
-    else:
-        took = row.attempts == job.attempts - 1 if row.fence == job.fence else None
-    if took:
+    """After a retry, read the job's row back and ask ``rules.took_effect`` whether an
+    earlier try committed although its reply was lost (None: cannot be told)."""
+    got = await queue.get(job.id)
+    row = None if got is None else rules.Row(got.status, got.fence, got.attempts, got.last_error)
+    took = rules.took_effect(
+        action,  # type: ignore[arg-type]
+        rules.Held(job.fence, job.attempts),
+        row,
+        column_text(error, 10_000),
+    )
+    if took and row is not None:
         job.status = {"complete": "done", "release": "ready"}.get(
             action, "dead" if row.status == "dead" else "ready"
         )
     return took
-
-
-def _end_kind(action: str, end: str) -> str:
-    """The event a finished job records: its action, the action refused, a give-up, or an
-    end whose reply was lost and cannot be told."""
-    kinds = {"ok": action, "refused": f"{action}-rejected", "gave-up": "gave-up"}
-    return kinds.get(end, f"{action}-unknown")
 
 
 def _log_end(lane: str, job: Job, action: str, end: str, error: str) -> None:

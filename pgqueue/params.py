@@ -26,6 +26,7 @@ from .errors import (
     SlotRace,
 )
 from .job import Job
+from .rules import MAX_CLAIM
 
 MAX_LEASE = 7 * 24 * 3600.0  # seconds; longer leases are a mistake, not a choice
 MAX_BACKOFF = MAX_RETRY_DELAY  # seconds; the retry delay stops doubling here (sql/queries.sql)
@@ -468,9 +469,6 @@ class Keyed:
                 "enqueue_many: a key's job ended while it was being added; try again"
             )
         return [int(i) for i in self.result if i is not None]
-
-
-MAX_CLAIM = 10_000  # the most jobs one claim takes
 
 
 def claim_args(queue: object, limit: object, lease: object) -> tuple[list[str], int, float]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...engine import holds_at_most
+from ...rules import holds_at_most
 from .faults import KINDS
 from .workers import APP_PREFIX, read_log
 from .workload import Session
