@@ -60,8 +60,10 @@ demo: setup
 lint: setup
 	$(VENV)/bin/ruff check pgqueue tests notebooks
 	$(VENV)/bin/ruff format --check pgqueue tests notebooks
+	$(PY) pgqueue/tools/async_to_sync.py --check
 
 format: setup
+	$(PY) pgqueue/tools/async_to_sync.py
 	$(VENV)/bin/ruff format pgqueue tests notebooks
 	$(VENV)/bin/ruff check --fix pgqueue tests notebooks
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from .async_job import AsyncJob
+from .async_job import AsyncJob, async_fenced_write
 from .async_queue import AsyncQueue, async_connect
 from .async_worker import AsyncWorker
 from .db import connect, mask_dsn, resolve_dsn
@@ -29,8 +29,7 @@ from .errors import (
     SlotRace,
 )
 from .events import Event, EventLog
-from .fencing import async_fenced_write, fenced_write
-from .job import Job
+from .job import Job, fenced_write
 from .monitor import Monitor, monitor
 from .params import MAX_RESULT_BYTES, LeftDead, Retried
 from .queue import JobState, Limit, Queue, Reaped

@@ -34,10 +34,10 @@ import psycopg
 from psycopg import sql
 
 from . import statements
-from .db import async_own_cursor, first_line, own_cursor
+from .db import first_line
 from .errors import BadInput, FenceConflict, LeaseLost
 
-__all__ = ["FenceConflict", "LeaseLost", "async_fenced_write", "fenced_write"]
+__all__ = ["Answer", "FenceConflict", "FencedWrite", "LeaseLost", "compose"]
 
 # What a fenced write's statements answered: it took effect, the writer's fence is stale,
 # or (an update, no upsert) the row is not there, which says nothing about the claim.
@@ -45,142 +45,6 @@ Answer = Literal["written", "stale", "missing"]
 WRITTEN: Answer = "written"
 STALE: Answer = "stale"
 MISSING: Answer = "missing"
-
-
-def fenced_write(
-    conn: psycopg.Connection,
-    table: str,
-    key: Mapping[str, Any],
-    values: Mapping[str, Any],
-    fence: int,
-    *,
-    job_id: int | None = None,
-    fence_column: str = "fence",
-    job_column: str = "job_id",
-    upsert: bool = True,
-    check_lease: bool = False,
-) -> bool:
-    """Write ``values`` to the row of ``table`` identified by ``key``, fenced by ``fence``;
-    return whether the write took effect.
-
-    With ``job_id`` (what ``Job.fenced_write`` passes) the table needs a ``job_column``
-    (``bigint``) beside the fence column. The write takes effect if the row is missing
-    (upsert inserts it with the job id and fence) or was written by the same job with a
-    fence no newer than ``fence``: a claim may write its row again. An older fence of the
-    same job is refused (``False``: a stale holder). A row written by another job, or
-    without a job id, raises ``FenceConflict`` and is left as it was: fences of different
-    jobs cannot be compared, so key such rows by job (the job column may be the key).
-
-    Without ``job_id`` (tables with no job column) only a strictly newer fence is
-    accepted: the same claim cannot write a row twice, and fences of different jobs are
-    compared as if they were one counter, which they are not.
-
-    With ``upsert`` (the default) a missing row is inserted (``key`` must be a unique key);
-    without it, only an existing row is updated, and a missing one is ``False`` (nothing
-    written; with a job id that is not a stale fence: ``write_answer`` tells them apart).
-
-    With ``check_lease`` (needs ``job_id``; the table must be in the database of ``jobs``)
-    the same statement also requires that job ``job_id`` is still running with this fence
-    and a lease the server's clock has not passed; if not, nothing is written (``False``).
-
-    pgqueue reads its replies as tuples whatever the connection's ``row_factory``.
-    """
-    return (
-        write_answer(
-            conn, table, key, values, fence, job_id=job_id, fence_column=fence_column,
-            job_column=job_column, upsert=upsert, check_lease=check_lease,
-        )
-        == WRITTEN
-    )  # fmt: skip
-
-
-def write_answer(
-    conn: psycopg.Connection,
-    table: str,
-    key: Mapping[str, Any],
-    values: Mapping[str, Any],
-    fence: int,
-    *,
-    job_id: int | None = None,
-    fence_column: str = "fence",
-    job_column: str = "job_id",
-    upsert: bool = True,
-    check_lease: bool = False,
-) -> Answer:
-    """``fenced_write``, answered in full: ``"written"``, ``"stale"`` (a newer fence of the
-    job, or with ``check_lease`` a claim that is over) or ``"missing"`` (``upsert=False``
-    and no such row: nothing to update, which says nothing about the claim)."""
-    write = compose(
-        table, key, values, fence, job_id, fence_column, job_column, upsert, check_lease
-    )
-    cur = own_cursor(conn)
-    try:
-        if cur.execute(write.query, write.params).rowcount == 1:
-            return WRITTEN
-    except psycopg.errors.UndefinedColumn as exc:
-        if job_id is None:
-            raise
-        raise write.missing_column(exc) from exc
-    if job_id is None:
-        return STALE
-    if write.holds is not None and cur.execute(write.holds, write.params).fetchone() is None:
-        return STALE  # this holder's claim is over: stale, whatever the row holds
-    return write.refused(cur.execute(write.lookup, write.key_params).fetchone())
-
-
-async def async_fenced_write(
-    conn: psycopg.AsyncConnection,
-    table: str,
-    key: Mapping[str, Any],
-    values: Mapping[str, Any],
-    fence: int,
-    *,
-    job_id: int | None = None,
-    fence_column: str = "fence",
-    job_column: str = "job_id",
-    upsert: bool = True,
-    check_lease: bool = False,
-) -> bool:
-    """``fenced_write`` on an ``AsyncConnection``: the same statement, the same rules."""
-    answer = await async_write_answer(
-        conn, table, key, values, fence, job_id=job_id, fence_column=fence_column,
-        job_column=job_column, upsert=upsert, check_lease=check_lease,
-    )  # fmt: skip
-    return answer == WRITTEN
-
-
-async def async_write_answer(
-    conn: psycopg.AsyncConnection,
-    table: str,
-    key: Mapping[str, Any],
-    values: Mapping[str, Any],
-    fence: int,
-    *,
-    job_id: int | None = None,
-    fence_column: str = "fence",
-    job_column: str = "job_id",
-    upsert: bool = True,
-    check_lease: bool = False,
-) -> Answer:
-    """``write_answer`` on an ``AsyncConnection``."""
-    write = compose(
-        table, key, values, fence, job_id, fence_column, job_column, upsert, check_lease
-    )
-    cur = async_own_cursor(conn)
-    try:
-        if (await cur.execute(write.query, write.params)).rowcount == 1:
-            return WRITTEN
-    except psycopg.errors.UndefinedColumn as exc:
-        if job_id is None:
-            raise
-        raise write.missing_column(exc) from exc
-    if job_id is None:
-        return STALE
-    if write.holds is not None:
-        held = await (await cur.execute(write.holds, write.params)).fetchone()
-        if held is None:
-            return STALE  # this holder's claim is over: stale, whatever the row holds
-    return write.refused(await (await cur.execute(write.lookup, write.key_params)).fetchone())
 
 
 class FencedWrite(NamedTuple):

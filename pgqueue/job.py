@@ -1,94 +1,71 @@
-"""A claimed job: what the claim returned, and whether this worker has since lost it."""
+# Generated from async_job.py by `python pgqueue/tools/async_to_sync.py`: edit that file,
+# then run the command again (make lint fails while the two differ).
+"""A claimed job's writes, each checked against its claim, written once for both faces:
+``AsyncJob`` in ``async_job.py`` (the source, for coroutine handlers: its writes are
+awaited) and ``Job`` in ``job.py``, the same code without ``await``, generated from it by
+``python pgqueue/tools/async_to_sync.py`` (``make lint`` fails while the two differ). The
+module-level ``fenced_write`` / ``async_fenced_write`` send ``fencing.compose``'s
+statements.
+
+What a claim is (fields, the lost flag, the local lease deadline) is ``job_base.JobBase``.
+An ``AsyncQueue`` claims jobs with its own connection as ``conn``. An ``AsyncWorker`` gives
+a job no connection at first: ``await job.connection()`` lends it one from the worker's
+small pool on first use, and the job keeps it until its handler returns. So five hundred
+handlers awaiting I/O need no connection at all, and those that write each get one of their
+own: an ``AsyncConnection`` runs one statement at a time. A plain ``Job`` from a ``Queue``
+writes on the queue's connection; a ``Worker`` lends each lane's (``handlers.LaneJob``).
+"""
 
 from __future__ import annotations
 
-import math
+import contextlib
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg.pq import TransactionStatus
 
 from . import statements, steps
 from .db import own_cursor
-from .errors import BadInput, LeaseLost, PgQueueError
-from .fencing import MISSING, STALE, WRITTEN, write_answer
+from .errors import LeaseLost
+from .fencing import MISSING, STALE, WRITTEN, Answer, compose
+from .job_base import JobBase
 
-# Guards the lazy creation of ``Job.lost_event`` against a concurrent ``mark_lost``.
-_LOST_LOCK = threading.Lock()
+__all__ = ["Job", "fenced_write", "write_answer"]
+
+Borrow = Callable[[], psycopg.Connection]
 
 
 @dataclass
-class Job:
-    """One claim of a job. ``fence`` is this holder's token: every later write carries it."""
+class Job(JobBase):
+    """One claim of a job: ``fence`` is this holder's token, and every write below carries
+    it and checks the claim (``job.fenced_write(...)``, ``job.step(...)``,
+    ``with job.transaction()``)."""
 
-    id: int
-    queue: str
-    payload: dict[str, Any]
-    fence: int
-    attempts: int
-    max_attempts: int
-    lease_until: datetime | None
-    # Seconds the job had been due (since its run_at: its enqueue, unless delayed or
-    # retried) when this claim took it, by the server's clock. A float: the claim's reply
-    # parses it for a tenth of what a timestamp costs.
-    waited: float | None = field(default=None, repr=False, compare=False)
-    # Set by whoever claimed the job: the connection to write with, and an event recorder.
     conn: psycopg.Connection | None = field(default=None, repr=False, compare=False)
-    on_event: Callable[[str, Job], None] | None = field(default=None, repr=False, compare=False)
-    # This holder's own view of its lease, on its monotonic clock: set from the moment the
-    # claim was sent, pushed on by each heartbeat that took effect. Past it the job is lost
-    # even if no statement said so (a keeper that cannot reach the server cannot learn it).
-    deadline: float = field(default=math.inf, repr=False, compare=False)
-    # What the last fenced write of the job itself left: 'done', 'ready' (retry in
-    # ``retry_in`` seconds), 'dead'; 'running' while held.
-    status: str = field(default="running", compare=False)
-    retry_in: float | None = field(default=None, repr=False, compare=False)
-    # A plain flag, and a threading.Event made only if someone asks for one: building an
-    # Event per claimed job was the largest client cost of a Worker draining small jobs.
-    _lost: bool = field(default=False, init=False, repr=False, compare=False)
-    _lost_event: threading.Event | None = field(default=None, init=False, repr=False, compare=False)
-    # Inside ``job.transaction()``: its commit checks and holds the claim, so a step there
-    # takes no lock of its own (one held to COMMIT would starve the job's heartbeats).
-    _holding: bool = field(default=False, init=False, repr=False, compare=False)
+    # Set by a worker that lends connections: lends the job one on first use (None: use
+    # ``conn``).
+    borrow: Borrow | None = field(default=None, repr=False, compare=False)
+    # The connection ``borrow`` lent, given back when the handler returns (even if the
+    # handler put another in ``conn``).
+    lent: psycopg.Connection | None = field(default=None, repr=False, compare=False)
+    _borrowing: threading.Lock | None = field(default=None, init=False, repr=False, compare=False)
 
-    @property
-    def lost(self) -> bool:
-        """True once a heartbeat or write found that someone else holds the job now, or
-        once the lease ran out on this holder's clock with no heartbeat taking effect."""
-        return self._lost or time.monotonic() >= self.deadline
-
-    @property
-    def lost_event(self) -> threading.Event:
-        """A ``threading.Event`` set when the job is lost, for handlers that wait on it."""
-        with _LOST_LOCK:
-            if self._lost_event is None:
-                self._lost_event = threading.Event()
-                if self.lost:
-                    self._lost_event.set()
-            return self._lost_event
-
-    def mark_lost(self) -> None:
-        """Record that this holder's fence is stale (set by the worker, read by handlers)."""
-        with _LOST_LOCK:
-            self._lost = True
-            if self._lost_event is not None:
-                self._lost_event.set()
-
-    def raise_if_lost(self) -> None:
-        """Raise ``LeaseLost`` if the job was taken over; call it between steps of long work."""
-        if self._lost:
-            raise LeaseLost(f"job {self.id}: fence {self.fence} is stale; discard this work")
-        if self.lost:
-            raise LeaseLost(
-                f"job {self.id}: the lease ran out here before a heartbeat renewed it "
-                "(another worker may hold it now); discard this work"
-            )
+    def connection(self) -> psycopg.Connection:
+        """The connection to write with: the claimer's, or (in a worker that lends them)
+        one lent to this job on first use and kept until its handler returns (autocommit;
+        a transaction it leaves open is rolled back and the job failed)."""
+        if self.conn is not None:
+            return self.conn
+        if self.borrow is None:
+            raise LeaseLost(f"job {self.id} has no connection to write with; claim it first")
+        if self._borrowing is None:  # two writes of one handler at once borrow once
+            self._borrowing = threading.Lock()
+        with self._borrowing:
+            if self.conn is None:
+                self.conn = self.lent = self.borrow()
+        return self.conn
 
     def fenced_write(
         self,
@@ -107,7 +84,7 @@ class Job:
         row, nothing is written and ``False`` is returned, but the claim holds (``job.lost``
         stays False): a missing row is not a lost claim. A row written by another job raises
         ``FenceConflict`` (the handler fails, so it is seen)."""
-        if self.conn is None:
+        if self.conn is None and self.borrow is None:
             raise LeaseLost(f"job {self.id} has no connection to write with; claim it first")
         # Known stale here (failed, timed out, told by a heartbeat): refused without a
         # round trip. Otherwise the statement itself checks the row's fence and the job's.
@@ -115,7 +92,7 @@ class Job:
             STALE
             if self._lost
             else write_answer(
-                self.conn,
+                self.connection(),
                 table,
                 key,
                 values,
@@ -146,17 +123,20 @@ class Job:
         its own, since the commit's check holds the claim, so the job's heartbeats go on
         however long the block runs. Inside a transaction of your own the step's lock holds
         the claim to your commit, and heartbeats pass the job by meanwhile: keep such a
-        transaction shorter than the lease, or use ``job.transaction()``."""
+        transaction shorter than the lease, or use ``job.transaction()``. (Where ``fn()``
+        returns an awaitable, the async face awaits it; a plain ``fn`` there runs on the
+        event loop, so keep it short.)"""
         name = steps.step_name(self.id, name)
-        if self.conn is None:
+        if self.conn is None and self.borrow is None:
             raise LeaseLost(f"job {self.id} has no connection to write with; claim it first")
-        conn = self.conn
         if self._lost:  # known stale here: no round trip, and fn is not run
             raise steps.stale(self.id, self.fence, name)
+        conn = self.connection()
         done = self._step_run(conn, "step_get", {"job": self.id, "name": name})
         if done is not None:
             return done[0]
-        output, answer = steps.encode(self.id, name, fn())
+        result = fn()
+        output, answer = steps.encode(self.id, name, result)
         params = steps.put_params(self.id, self.fence, name, output)
         put = steps.put_statement(self._holding)
         held, stored = self._step_run(conn, put, params) or (False, False)
@@ -172,18 +152,19 @@ class Job:
         self, conn: psycopg.Connection, name: str, params: dict[str, Any]
     ) -> tuple[Any, ...] | None:
         try:
-            return own_cursor(conn).execute(statements.query(name), params).fetchone()
+            cur = own_cursor(conn)
+            return (cur.execute(statements.query(name), params)).fetchone()
         except psycopg.errors.UndefinedTable as exc:
             mapped = steps.missing(exc)
             if mapped is None:
                 raise
             raise mapped from None
 
-    @contextmanager
+    @contextlib.contextmanager
     def transaction(self, *, lock_timeout: float = 5.0) -> Iterator[psycopg.Connection]:
         """A transaction on the job's connection that commits only while this claim holds:
-        ``with job.transaction() as conn:`` yields the connection for the handler's own
-        writes (plain SQL, ``job.fenced_write``, ``Queue.enqueue(..., conn=conn)``).
+        ``with job.transaction() as conn:`` yields the connection for the handler's
+        own writes (plain SQL, ``job.fenced_write``, ``enqueue(..., conn=conn)``).
 
         As the block's last statement, right before COMMIT, the job row is checked in the
         same transaction (running, this fence, a lease the server's clock has not passed)
@@ -201,9 +182,7 @@ class Job:
         ``SerializationFailure``, also rolled back: run the block again. The connection
         must have no transaction open (``BadInput``)."""
         params = self._hold_params(lock_timeout)
-        if self.conn is None:
-            raise LeaseLost(f"job {self.id} has no connection to write with; claim it first")
-        conn = self.conn
+        conn = self.connection()
         self._check_idle(conn.info.transaction_status)
         with conn.transaction():
             self._holding = True
@@ -216,57 +195,91 @@ class Job:
                 cur = own_cursor(conn)
                 cur.execute(statements.query("hold_for_commit_wait"), params)
                 try:
-                    row = cur.execute(statements.query("hold_for_commit"), params).fetchone()
+                    cur.execute(statements.query("hold_for_commit"), params)
+                    row = cur.fetchone()
                 except psycopg.errors.LockNotAvailable as exc:
                     raise self._locked(lock_timeout) from exc
                 held = row is not None
             self._committed(held)
 
-    def _hold_params(self, lock_timeout: float) -> dict[str, Any]:
-        """The parameters of ``transaction()``'s statements; raise if it cannot start."""
-        if self._lost:
-            raise LeaseLost(f"job {self.id}: fence {self.fence} is stale; no transaction opened")
-        if isinstance(lock_timeout, bool) or not (
-            isinstance(lock_timeout, int | float) and 0 < lock_timeout <= 86400
-        ):
-            raise BadInput(
-                f"lock_timeout must be more than 0 and at most 86400 seconds, not {lock_timeout!r}"
-            )
-        # lock_timeout is set in whole milliseconds, as text (set_config takes text).
-        return {"job": self.id, "fence": self.fence, "ms": str(max(1, round(lock_timeout * 1000)))}
 
-    def _check_idle(self, status: TransactionStatus) -> None:
-        """``transaction()`` commits its own transaction: it cannot be nested in another."""
-        if status != TransactionStatus.IDLE:
-            raise BadInput(
-                f"job {self.id}: job.transaction() needs a connection with no transaction "
-                "open (commit or roll back first, or write inside the one block)"
-            )
+# -- fenced writes to other tables: the statements of fencing.compose, sent and answered --
+def fenced_write(
+    conn: psycopg.Connection,
+    table: str,
+    key: Mapping[str, Any],
+    values: Mapping[str, Any],
+    fence: int,
+    *,
+    job_id: int | None = None,
+    fence_column: str = "fence",
+    job_column: str = "job_id",
+    upsert: bool = True,
+    check_lease: bool = False,
+) -> bool:
+    """Write ``values`` to the row of ``table`` identified by ``key``, fenced by ``fence``;
+    return whether the write took effect.
 
-    def _locked(self, lock_timeout: float) -> PgQueueError:
-        """What a ``hold_for_commit`` that ran out of ``lock_timeout`` raises."""
-        return PgQueueError(
-            f"job {self.id}: its row stayed locked by another session for {lock_timeout:g} s, "
-            "so the claim could not be checked before commit; the transaction was rolled back"
-        )
+    With ``job_id`` (what ``Job.fenced_write`` passes) the table needs a ``job_column``
+    (``bigint``) beside the fence column. The write takes effect if the row is missing
+    (upsert inserts it with the job id and fence) or was written by the same job with a
+    fence no newer than ``fence``: a claim may write its row again. An older fence of the
+    same job is refused (``False``: a stale holder). A row written by another job, or
+    without a job id, raises ``FenceConflict`` and is left as it was: fences of different
+    jobs cannot be compared, so key such rows by job (the job column may be the key).
 
-    def _committed(self, held: bool) -> None:
-        """After ``hold_for_commit`` (Job's or AsyncJob's): if the claim is over, mark the
-        job lost and raise ``LeaseLost`` (inside the transaction, which rolls back)."""
-        self._wrote(held)
-        if not held:
-            raise LeaseLost(
-                f"job {self.id}: the claim with fence {self.fence} was over at commit "
-                "(cancelled, failed, reaped or its lease ran out); the transaction was rolled back"
-            )
+    Without ``job_id`` (tables with no job column) only a strictly newer fence is
+    accepted: the same claim cannot write a row twice, and fences of different jobs are
+    compared as if they were one counter, which they are not.
 
-    def _wrote(self, took_effect: bool, *, missing: bool = False) -> bool:
-        """After a fenced write (Job's or AsyncJob's): a refusal means this holder's fence
-        is stale, so the job is lost, unless the write found no row to update (``missing``),
-        which says nothing about the claim; record how it went."""
-        if not took_effect and not missing:
-            self.mark_lost()
-        if self.on_event:
-            kind = "fenced-write" if took_effect else "fenced-write-rejected"
-            self.on_event("fenced-write-missing" if missing else kind, self)
-        return took_effect
+    With ``upsert`` (the default) a missing row is inserted (``key`` must be a unique key);
+    without it, only an existing row is updated, and a missing one is ``False`` (nothing
+    written; with a job id that is not a stale fence: ``write_answer`` tells them apart).
+
+    With ``check_lease`` (needs ``job_id``; the table must be in the database of ``jobs``)
+    the same statement also requires that job ``job_id`` is still running with this fence
+    and a lease the server's clock has not passed; if not, nothing is written (``False``).
+
+    pgqueue reads its replies as tuples whatever the connection's ``row_factory``.
+    """
+    answer = write_answer(
+        conn, table, key, values, fence, job_id=job_id, fence_column=fence_column,
+        job_column=job_column, upsert=upsert, check_lease=check_lease,
+    )  # fmt: skip
+    return answer == WRITTEN
+
+
+def write_answer(
+    conn: psycopg.Connection,
+    table: str,
+    key: Mapping[str, Any],
+    values: Mapping[str, Any],
+    fence: int,
+    *,
+    job_id: int | None = None,
+    fence_column: str = "fence",
+    job_column: str = "job_id",
+    upsert: bool = True,
+    check_lease: bool = False,
+) -> Answer:
+    """``fenced_write``, answered in full: ``"written"``, ``"stale"`` (a newer fence of the
+    job, or with ``check_lease`` a claim that is over) or ``"missing"`` (``upsert=False``
+    and no such row: nothing to update, which says nothing about the claim)."""
+    write = compose(
+        table, key, values, fence, job_id, fence_column, job_column, upsert, check_lease
+    )
+    cur = own_cursor(conn)
+    try:
+        if (cur.execute(write.query, write.params)).rowcount == 1:
+            return WRITTEN
+    except psycopg.errors.UndefinedColumn as exc:
+        if job_id is None:
+            raise
+        raise write.missing_column(exc) from exc
+    if job_id is None:
+        return STALE
+    if write.holds is not None:
+        held = (cur.execute(write.holds, write.params)).fetchone()
+        if held is None:
+            return STALE  # this holder's claim is over: stale, whatever the row holds
+    return write.refused((cur.execute(write.lookup, write.key_params)).fetchone())
