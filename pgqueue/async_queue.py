@@ -2,7 +2,9 @@
 
 The same statements (``sql/queries.sql``), the same validation and errors, the same
 replies: each method builds its parameters and reads its reply with the helpers of
-``queue.py``; only the waiting is different.
+``queue.py``; only the waiting is different. This is the face the worker runs (under
+``Worker`` as well as ``AsyncWorker``: the engine is one event loop); the notebooks drive
+the sync ``Queue``.
 
 >>> async with pgqueue.AsyncQueue(dsn) as q:
 ...     await q.enqueue({"to": "a@example.com"}, queue="emails")
@@ -22,7 +24,7 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from . import statements
+from . import defaults, statements
 from .async_job import AsyncJob
 from .db import async_own_cursor, connecting, pgbouncer_mode, resolve_dsn
 from .errors import KeyRace, PgQueueError, SlotRace
@@ -254,7 +256,7 @@ class AsyncQueue:
         queue: str = "default",
         delay: float = 0.0,
         run_at: datetime | None = None,
-        max_attempts: int = 5,
+        max_attempts: int = defaults.MAX_ATTEMPTS,
         priority: int = 0,
         key: str | None = None,
         group: str | None = None,
@@ -277,7 +279,7 @@ class AsyncQueue:
         queue: str = "default",
         delay: float = 0.0,
         run_at: datetime | None = None,
-        max_attempts: int = 5,
+        max_attempts: int = defaults.MAX_ATTEMPTS,
         priority: int = 0,
         keys: Sequence[str | None] | None = None,
         group: str | None = None,
@@ -314,7 +316,11 @@ class AsyncQueue:
 
     # -- consuming -------------------------------------------------------------------
     async def claim(
-        self, queue: str | Sequence[str] = "default", *, limit: int = 1, lease: float = 30.0
+        self,
+        queue: str | Sequence[str] = "default",
+        *,
+        limit: int = 1,
+        lease: float = defaults.LEASE,
     ) -> list[AsyncJob]:
         """``Queue.claim``: up to ``limit`` runnable jobs for ``lease`` seconds, as
         ``AsyncJob``s writing with this queue's connection."""
@@ -342,14 +348,14 @@ class AsyncQueue:
                 return rows
         return []
 
-    async def heartbeat(self, job: AsyncJob, *, lease: float = 30.0) -> bool:
+    async def heartbeat(self, job: AsyncJob, *, lease: float = defaults.LEASE) -> bool:
         """Extend the job's lease; False (and ``job.lost``) if someone else holds it now."""
         params = {"id": job.id, "fence": job.fence, "lease": checked_lease(lease)}
         deadline = time.monotonic() + params["lease"]
         return beat(job, await (await self._run("heartbeat", params)).fetchone(), deadline)
 
     async def heartbeat_many(
-        self, jobs: Sequence[AsyncJob], *, lease: float = 30.0
+        self, jobs: Sequence[AsyncJob], *, lease: float = defaults.LEASE
     ) -> list[AsyncJob]:
         """Extend many leases in one statement; return the jobs that were lost (marked)."""
         if not jobs:
@@ -381,7 +387,7 @@ class AsyncQueue:
         job: AsyncJob,
         error: str,
         *,
-        backoff: float = 1.0,
+        backoff: float = defaults.BACKOFF,
         delay: float | None = None,
         give_up: bool = False,
     ) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 
+from . import defaults
 from .db import describe_dsn, first_line, mask_dsn, resolve_dsn
 from .errors import BadInput, NotInstalled, PgQueueError
 from .install import DEFAULT_LOCK_TIMEOUT
@@ -139,10 +140,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--concurrency", "-c", type=int, default=1, help="threads")
     p.add_argument("--batch", type=int, default=1, help="jobs per claim")
-    p.add_argument("--lease", type=float, default=30.0, help="lease in seconds")
-    p.add_argument("--poll", type=float, default=2.0, help="poll interval in seconds")
-    p.add_argument("--backoff", type=float, default=1.0, help="retry after BACKOFF*2^attempts s")
-    p.add_argument("--reap-interval", type=float, default=5.0, help="seconds between reaps")
+    p.add_argument("--lease", type=float, default=defaults.LEASE, help="lease in seconds")
+    p.add_argument(
+        "--poll", type=float, default=defaults.POLL_INTERVAL, help="poll interval in seconds"
+    )
+    p.add_argument(
+        "--backoff",
+        type=float,
+        default=defaults.BACKOFF,
+        help="retry after BACKOFF*2^attempts s",
+    )
+    p.add_argument(
+        "--reap-interval",
+        type=float,
+        default=defaults.REAP_INTERVAL,
+        help="seconds between reaps",
+    )
     p.add_argument(
         "--timeout", type=float, help="fail a handler running longer than this many seconds"
     )
@@ -154,8 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--flush-after",
         type=float,
-        default=0.05,
-        help="seconds a finished job may wait for its batch's completion (default 0.05)",
+        default=defaults.FLUSH_AFTER,
+        help="seconds a finished job may wait for its batch's completion (default %(default)s)",
     )
     p.add_argument("--no-listen", action="store_true", help="poll only, no LISTEN/NOTIFY")
     p.add_argument(

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from . import defaults
 from .db import pgbouncer_mode, resolve_dsn
 from .errors import BadInput
 from .params import MAX_BACKOFF, MAX_LEASE, checked_lease, checked_seconds, queue_names
@@ -65,17 +66,17 @@ class WorkerOptions:
     queues: tuple[str, ...]
     dsn: str
     concurrency: int = 1
-    batch: int = 1
-    lease: float = 30.0
-    poll_interval: float = 2.0
+    batch: int = defaults.BATCH
+    lease: float = defaults.LEASE
+    poll_interval: float = defaults.POLL_INTERVAL
     listen: bool = True
     listen_dsn: str | None = None
     pgbouncer: bool = False
-    reap_interval: float = 5.0
-    backoff: float = 1.0
+    reap_interval: float = defaults.REAP_INTERVAL
+    backoff: float = defaults.BACKOFF
     timeout: float | None = None
     complete_in_batches: bool = True
-    flush_after: float = 0.05
+    flush_after: float = defaults.FLUSH_AFTER
     connections: int = 1  # connections lent to async handlers at once
     burst: bool = False
     name: str = "worker"

@@ -2,6 +2,10 @@
 
 Every write after a claim carries the job's fence and returns whether it took effect:
 ``False`` means another worker holds the job now, and the caller must discard its work.
+
+Which face runs which path: the notebooks and your scripts drive this ``Queue``; the
+worker (``Worker`` too, not only ``AsyncWorker``) runs the engine on an event loop and sends
+the same statements through ``AsyncQueue`` (``async_queue.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from . import statements
+from . import defaults, statements
 from .db import connect, own_cursor, pgbouncer_mode
 from .errors import KeyRace, SlotRace
 from .install import (
@@ -259,7 +263,7 @@ class Queue:
         queue: str = "default",
         delay: float = 0.0,
         run_at: datetime | None = None,
-        max_attempts: int = 5,
+        max_attempts: int = defaults.MAX_ATTEMPTS,
         priority: int = 0,
         key: str | None = None,
         group: str | None = None,
@@ -288,7 +292,7 @@ class Queue:
         queue: str = "default",
         delay: float = 0.0,
         run_at: datetime | None = None,
-        max_attempts: int = 5,
+        max_attempts: int = defaults.MAX_ATTEMPTS,
         priority: int = 0,
         keys: Sequence[str | None] | None = None,
         group: str | None = None,
@@ -337,7 +341,11 @@ class Queue:
 
     # -- consuming -------------------------------------------------------------------
     def claim(
-        self, queue: str | Sequence[str] = "default", *, limit: int = 1, lease: float = 30.0
+        self,
+        queue: str | Sequence[str] = "default",
+        *,
+        limit: int = 1,
+        lease: float = defaults.LEASE,
     ) -> list[Job]:
         """Claim up to ``limit`` runnable jobs for ``lease`` seconds (fence and attempts + 1).
         Given several queues, they are a preference: the first one's jobs are taken first,
@@ -372,13 +380,13 @@ class Queue:
                 return rows
         return []
 
-    def heartbeat(self, job: Job, *, lease: float = 30.0) -> bool:
+    def heartbeat(self, job: Job, *, lease: float = defaults.LEASE) -> bool:
         """Extend the job's lease; False (and ``job.lost``) if someone else holds it now."""
         params = {"id": job.id, "fence": job.fence, "lease": checked_lease(lease)}
         deadline = time.monotonic() + params["lease"]
         return beat(job, self._run("heartbeat", params).fetchone(), deadline)
 
-    def heartbeat_many(self, jobs: Sequence[Job], *, lease: float = 30.0) -> list[Job]:
+    def heartbeat_many(self, jobs: Sequence[Job], *, lease: float = defaults.LEASE) -> list[Job]:
         """Extend many leases in one statement; return the jobs that were lost (marked)."""
         if not jobs:
             return []
@@ -410,7 +418,7 @@ class Queue:
         job: Job,
         error: str,
         *,
-        backoff: float = 1.0,
+        backoff: float = defaults.BACKOFF,
         delay: float | None = None,
         give_up: bool = False,
     ) -> bool:

@@ -28,6 +28,7 @@ from typing import Any
 
 import psycopg
 
+from . import defaults
 from .errors import BadInput
 from .job import Job
 from .params import MAX_BACKOFF, MAX_LEASE, checked_group, checked_queue_name, checked_seconds
@@ -126,7 +127,7 @@ class Tasks:
         *,
         name: str | None = None,
         queue: str = "default",
-        max_attempts: int = 5,
+        max_attempts: int = defaults.MAX_ATTEMPTS,
         timeout: float | None = None,
         backoff: float | None = None,
         priority: int = 0,

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from pgqueue import defaults
 from pgqueue.errors import BadInput
 from pgqueue.options import whole
 from pgqueue.params import MAX_ATTEMPTS, MAX_BACKOFF, MAX_LEASE, checked_lease, checked_seconds
@@ -23,9 +24,9 @@ class BackendOptions:
     ``MAX_ATTEMPTS``: each task's; ``IMMEDIATE``: run each task at enqueue, in the caller."""
 
     dsn: str | None = None
-    lease: float = 30.0
-    max_attempts: int = 5
-    backoff: float = 1.0
+    lease: float = defaults.LEASE
+    max_attempts: int = defaults.MAX_ATTEMPTS
+    backoff: float = defaults.BACKOFF
     timeout: float | None = None
     immediate: bool = False
 
@@ -48,9 +49,9 @@ class BackendOptions:
 
         return cls(
             dsn=check("DSN", _dsn, None),
-            lease=check("LEASE", checked_lease, 30.0),
-            max_attempts=check("MAX_ATTEMPTS", _attempts, 5),
-            backoff=check("BACKOFF", _backoff, 1.0),
+            lease=check("LEASE", checked_lease, defaults.LEASE),
+            max_attempts=check("MAX_ATTEMPTS", _attempts, defaults.MAX_ATTEMPTS),
+            backoff=check("BACKOFF", _backoff, defaults.BACKOFF),
             timeout=check("TIMEOUT", _timeout, None),
             immediate=check("IMMEDIATE", _flag, False),
         )
