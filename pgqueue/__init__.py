@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 
 from .async_job import AsyncJob, async_fenced_write
-from .async_queue import AsyncQueue, async_connect
+from .async_queue import AsyncQueue
 from .async_worker import AsyncWorker
-from .db import connect, mask_dsn, resolve_dsn
+from .db import async_connect, connect, mask_dsn, resolve_dsn
 from .errors import (
     BadInput,
     ConnectError,
@@ -29,9 +29,10 @@ from .errors import (
     SlotRace,
 )
 from .events import Event, EventLog
+from .inputs import MAX_RESULT_BYTES
 from .job import Job, fenced_write
 from .monitor import Monitor, monitor
-from .params import MAX_RESULT_BYTES, LeftDead, Retried
+from .params import LeftDead, Retried
 from .queue import JobState, Limit, Queue, Reaped
 from .server import EmbeddedServer, default_server
 from .steps import StepState

@@ -1,20 +1,21 @@
-"""``AsyncQueue``: ``Queue`` on psycopg's ``AsyncConnection``, method by method.
+"""The jobs table behind one connection: one method per statement of ``sql/queries.sql``,
+no hidden state but the connection, written once for both faces. ``AsyncQueue`` in
+``async_queue.py`` is the source (methods awaited, on an ``AsyncConnection``); ``Queue`` in
+``queue.py`` is the same code without ``await``, generated from it by
+``python pgqueue/tools/async_to_sync.py`` (``make lint`` fails while the two differ). Each
+method builds its parameters and reads its reply with the helpers of ``params.py``.
 
-The same statements (``sql/queries.sql``), the same validation and errors, the same
-replies: each method builds its parameters and reads its reply with the helpers of
-``queue.py``; only the waiting is different. This is the face the worker runs (under
-``Worker`` as well as ``AsyncWorker``: the engine is one event loop); the notebooks drive
-the sync ``Queue``.
+Every write after a claim carries the job's fence and returns whether it took effect:
+``False`` means another worker holds the job now, and the caller must discard its work.
 
->>> async with pgqueue.AsyncQueue(dsn) as q:
-...     await q.enqueue({"to": "a@example.com"}, queue="emails")
-...     async with conn.transaction():                 # your own AsyncConnection
-...         await q.enqueue({"order": 42}, queue="invoices", conn=conn)
+Which face runs which path: the notebooks and your scripts drive the sync ``Queue``; the
+worker (``Worker`` too, not only ``AsyncWorker``) runs the engine on an event loop and sends
+these statements through ``AsyncQueue``.
 """
 
 from __future__ import annotations
 
-import asyncio
+import asyncio  # async-only
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -25,9 +26,14 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from . import defaults, statements
+
+# sync: from .adapters import from_sqlalchemy, your_conn
+from .adapters import your_async_conn  # async-only
 from .async_job import AsyncJob
-from .db import async_own_cursor, connecting, pgbouncer_mode, resolve_dsn
+from .db import async_connect, async_own_cursor, pgbouncer_mode
+from .errormap import key_race, pgqueue_error
 from .errors import KeyRace, PgQueueError, SlotRace
+from .inputs import checked_job_id, checked_lease, claim_args, prune_args, result_args
 from .install import (
     DEFAULT_LOCK_TIMEOUT,
     Catalog,
@@ -48,14 +54,15 @@ from .params import (
     RESULT_POLL,
     SLOT_TRIES,
     ClaimRoute,
+    JobState,
     Keyed,
+    Limit,
     Pruning,
+    Reaped,
     Retried,
+    ScheduleState,
     beat,
     beat_many,
-    checked_job_id,
-    checked_lease,
-    claim_args,
     complete_many_params,
     complete_params,
     completed_many,
@@ -68,59 +75,32 @@ from .params import (
     fail_reply,
     finished_estimate,
     held_params,
-    key_race,
     limit_params,
-    pgqueue_error,
-    prune_args,
+    prepare_many,
     reserved,
-    result_args,
     result_of,
     result_wait,
     retried_reply,
     retry_dead_plan,
     schedule_clock_reply,
     stats_reply,
-    your_async_conn,
 )
 from .periodic import Schedule, tick_params
-from .queue import JobState, Limit, Reaped, ScheduleState
 from .steps import StepState
 
 AsyncCursor = psycopg.AsyncCursor[Any]
-# Planned afresh at each call, never prepared: the AsyncWorker completes whatever finished
-# while its last statement was in flight, so its arrays run to thousands of ids, and a
-# prepared statement's generic plan (chosen after five calls) cannot see their length.
-# Measured: complete_many of 3,000 ids, 3.3 s with the generic plan, 33 ms planned.
-_PLANNED_EACH_CALL = frozenset({"complete_many", "complete_many_results", "heartbeat_many"})
-
 _NOT_PREPARED = frozenset({"listen_done", "unlisten_done"})  # utility statements
 
 
-async def async_connect(
-    dsn: str | None = None,
-    *,
-    autocommit: bool = True,
-    application_name: str = "pgqueue",
-    pgbouncer: bool = False,
-) -> psycopg.AsyncConnection:
-    """``pgqueue.connect`` for asyncio: the same DSN order, keepalives and one-line errors.
-    Finding the DSN may start the embedded server: that runs in a thread, not the loop."""
-    target = dsn or await asyncio.to_thread(resolve_dsn, dsn)
-    with connecting(target, autocommit=autocommit, application_name=application_name) as kw:
-        conn = await psycopg.AsyncConnection.connect(target, **kw)
-    if pgbouncer:
-        conn.prepare_threshold = None
-    return conn
-
-
 class AsyncQueue:
-    """The jobs table behind one ``AsyncConnection`` (opened from a DSN, or yours).
+    """The jobs table behind one connection (opened from a DSN, or yours).
 
-    ``async with AsyncQueue(dsn) as q:`` opens it (or ``await q.open()``); every method of
-    ``Queue`` is here with the same name and arguments, awaited. Pass ``conn=`` (an
-    ``AsyncConnection``, or SQLAlchemy's ``AsyncConnection`` or ``AsyncSession`` on psycopg
-    3) to ``enqueue``/``enqueue_many`` to write inside your own transaction: the job
-    commits or rolls back with your data.
+    The sync face connects when made; the async face when opened (``open()``, or its context).
+    Pass ``conn=`` to ``enqueue``/``enqueue_many`` to write the job
+    inside your own transaction: it then commits or rolls back with your data. ``conn``
+    (and, for the sync face, ``target``) may be a psycopg connection, or a SQLAlchemy
+    connection or session (of SQLAlchemy's async kind for the async face) on psycopg 3
+    (``postgresql+psycopg://``), whose transaction the job joins (docs/sqlalchemy.md).
     """
 
     def __init__(
@@ -130,20 +110,30 @@ class AsyncQueue:
         application_name: str = "pgqueue",
         pgbouncer: bool | None = None,
     ) -> None:
+        # sync: if from_sqlalchemy(target):  # Queue(session): the psycopg connection under it
+        # sync:     target = your_conn(target)
         self._owned = not isinstance(target, psycopg.AsyncConnection)
         self._dsn = None if isinstance(target, psycopg.AsyncConnection) else target
         self._application_name = application_name
+        # Behind PgBouncer in transaction mode (``pgbouncer=True`` or PGQUEUE_PGBOUNCER=1)
+        # nothing is prepared on the server; otherwise every statement is, once.
         self.pgbouncer = pgbouncer_mode(pgbouncer)
         self._prepare = not self.pgbouncer  # False: never, even on a connection of yours
         self._route = ClaimRoute()  # which claim statement each queue needs (a guess)
         self._conn = target if isinstance(target, psycopg.AsyncConnection) else None
+        # sync: self.open()  # a sync Queue connects at once
 
     @property
     def conn(self) -> psycopg.AsyncConnection:
-        """The connection (``PgQueueError`` until ``open()`` or ``async with``)."""
+        """The connection (an ``AsyncQueue``'s: ``PgQueueError`` until ``async with``)."""
         if self._conn is None:
             raise PgQueueError("AsyncQueue is not open: use `async with AsyncQueue(...) as q`")
         return self._conn
+
+    @property
+    def closed(self) -> bool:
+        """Whether the queue has no open connection (closed, or an async one not opened)."""
+        return self._conn is None or self._conn.closed
 
     # -- lifecycle -------------------------------------------------------------------
     async def open(self) -> AsyncQueue:
@@ -169,7 +159,13 @@ class AsyncQueue:
     async def install(
         self, *, notify: bool | None = None, lock_timeout: float = DEFAULT_LOCK_TIMEOUT
     ) -> Installation:
-        """``Queue.install``: add what is missing, and on a current table lock nothing."""
+        """Create the jobs table, its indexes and trigger, or add what a table of an earlier
+        pgqueue lacks; on a current table change nothing and lock nothing (it reads the
+        catalog). ``notify``: True installs the NOTIFY trigger, False drops it (enqueues get
+        cheaper under many producers; workers find jobs by polling), None keeps what is
+        installed (a new table gets the trigger). A statement that needs a lock on jobs
+        waits at most ``lock_timeout`` seconds, then ``InstallBlocked`` says who holds it.
+        An upgrade builds indexes CONCURRENTLY, so it needs an autocommit connection."""
         timeout = lock_timeout_setting(lock_timeout)
         conn, changed = self.conn, list[str]()
         step: Step | None = None  # what it was about to do, for InstallBlocked
@@ -209,7 +205,10 @@ class AsyncQueue:
 
     @asynccontextmanager
     async def _one_upgrade(self, timeout: str) -> AsyncIterator[None]:
-        """``Queue._one_upgrade``: one upgrade at a time, under the lock timeout."""
+        """One upgrade at a time, its statements under the lock timeout, the session's own
+        setting put back after. Behind PgBouncer a session's setting or lock would stay on a
+        server connection another client gets next: there the index builds wait without a
+        timeout (they stop no writes) and nothing keeps two upgrades apart."""
         if self.pgbouncer:
             yield
             return
@@ -262,8 +261,12 @@ class AsyncQueue:
         group: str | None = None,
         conn: psycopg.AsyncConnection | Any = None,
     ) -> int:
-        """``Queue.enqueue``: add one job and return its id (inside ``conn``'s transaction
-        if given); a live job holding ``key`` is returned instead of adding one."""
+        """Add one job and return its id (inside ``conn``'s transaction if given). Higher
+        ``priority`` runs first; among equals, the oldest ``run_at``, then the first in.
+        With a ``key`` that a ready or running job of the queue holds, nothing is added and
+        that job's id is returned; once it is done, dead or cancelled the key is free. Jobs
+        of one ``group`` (a tenant, say) run at most ``per_group`` at a time when their
+        queue has a limit (``Queue.limit``); without a limit a group changes nothing."""
         params = enqueue_params(payload, queue, delay, run_at, max_attempts, priority, key, group)
         conn = await your_async_conn(conn)
         for _ in range(KEY_TRIES):
@@ -285,7 +288,11 @@ class AsyncQueue:
         group: str | None = None,
         conn: psycopg.AsyncConnection | Any = None,
     ) -> list[int]:
-        """``Queue.enqueue_many``: many jobs in one write, all or none; their ids in order."""
+        """Add many jobs in one write (an INSERT, or a COPY from ``COPY_FROM`` jobs on), all or
+        none; return their ids in order (the order they will be claimed in, among equals).
+        With ``keys`` (one per payload, None for none), a key already held by a live job of
+        the queue adds nothing and gives that job's id; inside the batch the first one wins.
+        Every job of the batch is in ``group`` (see ``enqueue``)."""
         params = enqueue_many_params(
             payloads, queue, delay, run_at, max_attempts, priority, keys, group
         )
@@ -322,8 +329,11 @@ class AsyncQueue:
         limit: int = 1,
         lease: float = defaults.LEASE,
     ) -> list[AsyncJob]:
-        """``Queue.claim``: up to ``limit`` runnable jobs for ``lease`` seconds, as
-        ``AsyncJob``s writing with this queue's connection."""
+        """Claim up to ``limit`` runnable jobs for ``lease`` seconds (fence and attempts + 1).
+        Given several queues, they are a preference: the first one's jobs are taken first,
+        and the next queue fills what is left of ``limit`` (one statement per queue asked).
+        In a queue with a per-group limit, a group running its ``per_group`` jobs is passed
+        over for the next job of another group."""
         names, limit, lease = claim_args(queue, limit, lease)
         jobs: list[AsyncJob] = []
         for name in names:
@@ -336,7 +346,9 @@ class AsyncQueue:
         return jobs
 
     async def _claim_rows(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        """``Queue._claim_rows``: the statement the queue needs, again after a slot race."""
+        """One queue's claim: the statement it needs (the route's guess, flipped when the
+        statement refuses the queue), again after a slot race; nothing after ``SLOT_TRIES``
+        races (a claim soon after sees the slots taken)."""
         for _ in range(SLOT_TRIES):
             try:
                 rows = await self._all(self._route.statement(name), params)
@@ -362,12 +374,14 @@ class AsyncQueue:
             return []
         params = {**held_params(jobs), "lease": checked_lease(lease)}
         deadline = time.monotonic() + params["lease"]
-        kept = await self._all("heartbeat_many", params)
+        many = prepare_many(self._prepare, jobs)
+        kept = await self._all("heartbeat_many", params, prepare=many)
         return beat_many(jobs, kept, deadline)  # type: ignore[return-value]
 
     async def complete(self, job: AsyncJob, result: object = None) -> bool:
-        """``Queue.complete``: mark the job done, storing ``result`` in the same fenced
-        statement; False (and ``job.lost``) if its fence is stale."""
+        """Mark the job done, storing ``result`` (JSON, at most ``MAX_RESULT_BYTES``; None
+        stores nothing) in the same fenced statement; False (and ``job.lost``) if its fence
+        is stale, and then nothing is stored. ``BadInput`` for a result it cannot store."""
         name, params = complete_params(job, result)
         return end_reply(job, (await self._run(name, params)).rowcount == 1, "done")
 
@@ -379,7 +393,7 @@ class AsyncQueue:
         if not jobs:
             return []
         name, params = complete_many_params(jobs, results)
-        done = await self._all(name, params)
+        done = await self._all(name, params, prepare=prepare_many(self._prepare, jobs))
         return completed_many(jobs, done)  # type: ignore[return-value]
 
     async def fail(
@@ -391,8 +405,12 @@ class AsyncQueue:
         delay: float | None = None,
         give_up: bool = False,
     ) -> bool:
-        """``Queue.fail``: record ``error`` and retry with backoff (or after ``delay``), or
-        go dead; the fence rises either way. False (and ``job.lost``) if it was stale."""
+        """Record ``error``; the job retries after ``backoff * 2**attempts`` seconds, or goes
+        dead at max_attempts. False (and ``job.lost``) if its fence is stale. Either way
+        this holder is done with the job: the fence rises, so its later writes are refused.
+        ``job.status`` tells which way it went ('ready' or 'dead'), ``job.retry_in`` when.
+        ``delay`` retries after that many seconds instead of the backoff (it still counts as
+        an attempt); ``give_up`` sends the job dead at once."""
         params = fail_params(job, error, backoff, delay, give_up)
         return fail_reply(job, await self._one("fail", params))
 
@@ -402,18 +420,21 @@ class AsyncQueue:
         return end_reply(job, (await self._run("release", params)).rowcount == 1, "ready")
 
     async def cancel(self, job_id: int) -> bool:
-        """``Queue.cancel``: cancel a ready or running job (a running one is fenced out)."""
+        """Cancel a ready or running job; True if it was. A ready job never runs; a running
+        one's fence rises, so its holder's heartbeat, completion and fenced writes are
+        refused and its handler sees ``job.lost``. Done, dead or cancelled jobs: False."""
         return await self._one("cancel", {"id": checked_job_id(job_id)}) is not None
 
     # -- per-group limits ------------------------------------------------------------
     async def limit(self, queue: str, *, per_group: int | None) -> None:
-        """``Queue.limit``: at most ``per_group`` running jobs of one group of ``queue``, on
-        every worker (None removes the limit)."""
+        """Let at most ``per_group`` jobs of one group (``enqueue(group=...)``) of ``queue``
+        run at once, on every worker, from their next claim on; ``per_group=None`` removes
+        the limit. Jobs without a group are not limited. Stored in ``pgqueue_limits``."""
         params = limit_params(queue, per_group)
         await self._run("set_limit" if per_group is not None else "remove_limit", params)
 
     async def limits(self) -> list[Limit]:
-        """``Queue.limits``: every queue's per-group limit, with its jobs running under it."""
+        """Every queue's per-group limit, with how many of its jobs run under it now."""
         return [Limit(*row) for row in await self._all("limits", {})]
 
     # -- housekeeping ----------------------------------------------------------------
@@ -424,8 +445,12 @@ class AsyncQueue:
     async def retry_dead(
         self, queue: str | None = None, *, ids: Sequence[int] | None = None, extra: int = 1
     ) -> Retried:
-        """``Queue.retry_dead``: dead jobs of ``queue`` (or among ``ids``) ready again, but
-        those whose key is taken (listed in the result's ``skipped``)."""
+        """Make dead jobs ready again with ``extra`` attempts and return their ids: every dead
+        job of ``queue`` (default ``"default"``), or, with ``ids``, the dead jobs among those
+        ids, looked up by id (with ``queue`` too, only those of that queue). Ids that are not
+        dead are left as they are: compare the result with what you asked for. A dead job
+        whose key a ready or running job holds again stays dead, and the others are retried:
+        the result's ``skipped`` lists those (``LeftDead``: id, key, the job holding it)."""
         plan = retry_dead_plan(queue, ids, extra)
         if plan is None:
             return Retried()  # no ids: retry none (not "no filter")
@@ -447,9 +472,13 @@ class AsyncQueue:
         poll_interval: float = RESULT_POLL,
         listen: bool = True,
     ) -> Any:
-        """``Queue.result``: wait for the job to finish (a notification wakes it, polling
-        is the fallback) and return its stored result; ``JobFailed`` for a dead or cancelled
-        job, ``TimeoutError`` past ``timeout`` seconds."""
+        """Wait for the job to finish and return what its handler returned (None if it
+        returned nothing). ``JobFailed`` (with ``last_error``) if it went dead or was
+        cancelled; ``TimeoutError`` after ``timeout`` seconds (None: wait for ever). It
+        hears the job end through a notification (LISTEN pgqueue_done, sent only for jobs
+        someone waits for: a row in pgqueue_waiters while it waits), within milliseconds,
+        and reads the row every ``poll_interval`` seconds as well; behind PgBouncer, inside
+        a transaction of yours or with ``listen=False`` it polls only."""
         job_id, deadline, poll = result_args(job_id, timeout, poll_interval)
         conn = self.conn
         hear = listen and not self.pgbouncer and conn.autocommit
@@ -467,7 +496,8 @@ class AsyncQueue:
                     return value
                 wait = result_wait(job_id, deadline, poll, value)
                 if not hear:
-                    await asyncio.sleep(wait)
+                    # sync: time.sleep(wait)
+                    await asyncio.sleep(wait)  # async-only
                     continue
                 async for note in conn.notifies(timeout=wait):
                     if note.payload == mine:
@@ -483,13 +513,20 @@ class AsyncQueue:
         return None if row is None else JobState(*row)
 
     async def steps(self, job_id: int) -> list[StepState]:
-        """``Queue.steps``: the durable steps job ``job_id`` has stored, oldest first."""
+        """The durable steps job ``job_id`` has stored (``Job.step``), oldest first: name,
+        fence of the claim that wrote it, when, and output."""
         return [
             StepState(*row) for row in await self._all("steps", {"job": checked_job_id(job_id)})
         ]
 
     async def stats(self, *, exact: bool = False) -> list[dict[str, Any]]:
-        """``Queue.stats``: counts by queue and status (finished ones estimated)."""
+        """Job counts by queue and status, with the oldest runnable job's wait in seconds and
+        the latest error. By default only ready, running and dead jobs are counted, through
+        their partial indexes, plus one row (queue None, status 'finished', ``estimated``)
+        estimating the done and cancelled ones from the planner's statistics: cheap at
+        millions of rows. Before the table was first analyzed, a table of at most 8 MB has
+        them counted (``counted`` True); a larger one gives None. ``exact=True`` counts
+        every status by reading the whole table."""
         cur = await self._run("stats_exact" if exact else "stats", {})
         rows = stats_reply(cur.description, await cur.fetchall())
         if not exact:
@@ -498,7 +535,8 @@ class AsyncQueue:
         return rows
 
     async def schedules(self) -> list[ScheduleState]:
-        """``Queue.schedules``: every periodic schedule, with its last and next slot."""
+        """Every periodic schedule some worker ticked, by name, with its last and next slot;
+        ``NotInstalled`` if the periodic tables are missing (``pgqueue init`` adds them)."""
         return [ScheduleState(*row) for row in await self._all("schedules", {})]
 
     # -- periodic jobs: what a worker's tick sends (pgqueue/periodic.py) ------------------
@@ -526,7 +564,11 @@ class AsyncQueue:
         batch: int = 10_000,
         progress: Callable[[int, int], None] | None = None,
     ) -> int:
-        """``Queue.prune``: delete (or archive) finished jobs, ``batch`` jobs a transaction."""
+        """Delete (or move to ``jobs_archive``) the jobs that finished (done or cancelled)
+        more than ``older_than`` seconds ago; return how many. It walks the primary key
+        ``batch`` jobs at a time, one short transaction each (never one long DELETE that
+        holds back vacuum), however far apart their ids are; ``progress(ids_done,
+        ids_total)`` is called after each batch. Dead jobs are kept: they wait for a person."""
         run = Pruning(await self._one("id_span", {}), batch, prune_args(older_than, batch))
         while (params := run.params()) is not None:
             run.took(await self._one("prune_archive" if archive else "prune", params))
@@ -536,19 +578,37 @@ class AsyncQueue:
 
     # -- internals -------------------------------------------------------------------
     async def _one(
-        self, name: str, params: dict[str, Any], conn: psycopg.AsyncConnection | None = None
+        self,
+        name: str,
+        params: dict[str, Any],
+        conn: psycopg.AsyncConnection | None = None,
+        *,
+        prepare: bool | None = None,
     ) -> tuple[Any, ...] | None:
-        return await (await self._run(name, params, conn)).fetchone()
+        return await (await self._run(name, params, conn, prepare=prepare)).fetchone()
 
     async def _all(
-        self, name: str, params: dict[str, Any], conn: psycopg.AsyncConnection | None = None
+        self,
+        name: str,
+        params: dict[str, Any],
+        conn: psycopg.AsyncConnection | None = None,
+        *,
+        prepare: bool | None = None,
     ) -> list[tuple[Any, ...]]:
-        return await (await self._run(name, params, conn)).fetchall()
+        return await (await self._run(name, params, conn, prepare=prepare)).fetchall()
 
     async def _run(
-        self, name: str, params: dict[str, Any], conn: psycopg.AsyncConnection | None = None
+        self,
+        name: str,
+        params: dict[str, Any],
+        conn: psycopg.AsyncConnection | None = None,
+        *,
+        prepare: bool | None = None,
     ) -> AsyncCursor:
-        prepare = False if name in _PLANNED_EACH_CALL or name in _NOT_PREPARED else self._prepare
+        """Send statement ``name``: prepared unless behind PgBouncer, a utility statement,
+        or told (``prepare_many``); a driver error mapped to pgqueue's one-line errors."""
+        if prepare is None:
+            prepare = self._prepare and name not in _NOT_PREPARED
         try:
             query = statements.query(name)
             return await async_own_cursor(conn or self.conn).execute(query, params, prepare=prepare)

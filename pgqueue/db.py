@@ -3,6 +3,7 @@ own environment (``PGHOST``, ``PGSERVICE``, ``PGDATABASE``, ...), else the embed
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -156,6 +157,23 @@ def connect(
     target = resolve_dsn(dsn)
     with connecting(target, autocommit=autocommit, application_name=application_name) as kw:
         conn = psycopg.Connection.connect(target, **kw)
+    if pgbouncer:
+        conn.prepare_threshold = None
+    return conn
+
+
+async def async_connect(
+    dsn: str | None = None,
+    *,
+    autocommit: bool = True,
+    application_name: str = "pgqueue",
+    pgbouncer: bool = False,
+) -> psycopg.AsyncConnection:
+    """``connect`` for asyncio: the same DSN order, keepalives and one-line errors.
+    Finding the DSN may start the embedded server: that runs in a thread, not the loop."""
+    target = dsn or await asyncio.to_thread(resolve_dsn, dsn)
+    with connecting(target, autocommit=autocommit, application_name=application_name) as kw:
+        conn = await psycopg.AsyncConnection.connect(target, **kw)
     if pgbouncer:
         conn.prepare_threshold = None
     return conn

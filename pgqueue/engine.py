@@ -42,9 +42,9 @@ from psycopg import conninfo
 
 from . import periodic, rules, tracing
 from .async_job import AsyncJob
-from .async_queue import AsyncQueue, async_connect
+from .async_queue import AsyncQueue
 from .claims import Batch, Claim, Key, key_of
-from .db import connect
+from .db import async_connect, connect
 from .errors import ConnectError, PgQueueError
 from .events import EventLog, NullEventLog
 from .handlers import (
@@ -58,10 +58,10 @@ from .handlers import (
     is_coroutine_function,
     outcome_of,
 )
+from .inputs import column_text
 from .job import Job
 from .lanes import RELEASED, SKIPPED, PlainLanes
 from .options import WorkerOptions
-from .params import column_text
 from .tasks import Task
 
 if TYPE_CHECKING:

@@ -16,8 +16,8 @@ from psycopg.pq import TransactionStatus
 
 from .db import async_own_cursor, first_line, own_cursor
 from .errors import BadInput, GiveUp, RetryAfter, retry_delay
+from .inputs import JsonText, printable, result_text
 from .job import Job
-from .params import JsonText, printable, result_text
 
 
 @dataclass(frozen=True)

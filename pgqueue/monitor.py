@@ -29,7 +29,9 @@ from psycopg.conninfo import make_conninfo
 from . import statements
 from .async_queue import AsyncQueue
 from .db import connect, pgbouncer_mode
+from .errormap import pgqueue_error
 from .errors import BadInput
+from .inputs import queue_names
 from .monitor_looks import (
     Counts,
     Lease,
@@ -40,7 +42,6 @@ from .monitor_looks import (
     side_notes,
 )
 from .options import whole
-from .params import pgqueue_error, queue_names
 from .queue import Queue
 from .worker import Face
 
@@ -373,9 +374,9 @@ def _dsn_of(source: object) -> tuple[str, bool]:
     if isinstance(source, str) and source.strip():
         return source, pgbouncer_mode(None)
     if isinstance(source, Queue | AsyncQueue):
-        conn = source.conn
-        if conn.closed:
+        if source.closed:
             raise BadInput("monitor: the Queue's connection is closed; pass an open Queue")
+        conn = source.conn
         dsn = conn.info.dsn
         if conn.info.password:  # not in info.dsn
             dsn = make_conninfo(dsn, password=conn.info.password)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from . import defaults
 from .db import pgbouncer_mode, resolve_dsn
 from .errors import BadInput
-from .params import MAX_BACKOFF, MAX_LEASE, checked_lease, checked_seconds, queue_names
+from .inputs import MAX_BACKOFF, MAX_LEASE, checked_lease, checked_seconds, queue_names
 from .tasks import Tasks
 
 if TYPE_CHECKING:

@@ -1,48 +1,38 @@
-"""What each statement is sent and what its reply means, and the checks that refuse bad
-input in one line before anything is written: shared by ``Queue`` and ``AsyncQueue``, so
-the two cannot drift apart."""
+"""What each statement is sent and what its reply means: shared by ``Queue`` and
+``AsyncQueue``, so the two differ only in how they wait for the server. (The checks of a
+caller's input are ``inputs.py``; what a driver error means, ``errormap.py``; ``conn=``
+unwrapped, ``adapters.py``.)"""
 
 from __future__ import annotations
 
-import json
-import math
 import time
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, NamedTuple
 
-import psycopg
-from psycopg.types.json import Jsonb
-
-from . import steps
-from .db import first_line
 from .errors import (
-    MAX_RETRY_DELAY,
     BadInput,
     JobFailed,
-    KeyRace,
-    NotInstalled,
     PgQueueError,
-    SlotRace,
+)
+from .inputs import (
+    MAX_ATTEMPTS,
+    MAX_BACKOFF,
+    MAX_PER_GROUP,
+    MAX_PRIORITY,
+    checked_group,
+    checked_key,
+    checked_queue_name,
+    checked_seconds,
+    column_text,
+    payload_jsonb,
+    result_text,
 )
 from .job import Job
-from .rules import MAX_CLAIM
 
-MAX_LEASE = 7 * 24 * 3600.0  # seconds; longer leases are a mistake, not a choice
-MAX_BACKOFF = MAX_RETRY_DELAY  # seconds; the retry delay stops doubling here (sql/queries.sql)
-MAX_ATTEMPTS = 1_000_000  # keeps attempts and max_attempts far inside the int column
-MAX_PRIORITY = 1_000_000  # priorities are small whole numbers, from -MAX to +MAX
-MAX_PER_GROUP = 1_000_000  # a per-group limit: a whole number of running jobs, 1 to this
-MAX_AGE = 100 * 365 * 86400.0  # seconds; prune's older_than beyond this overflows timestamps
 KEY_TRIES = 5  # enqueues of one key racing each other settle within a try or two
 SLOT_TRIES = 5  # claims racing for a group's slot: each new try sees the slots taken
 COPY_FROM = 2_000  # payloads; enqueue_many uses COPY from this many on (INSERT is as fast below)
-# One encoder for every payload: json.dumps with options builds a new one per call.
-_JSON = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
-# A handler's return value is stored with its job up to this many bytes of JSON text
-# (UTF-8); above it the job fails and nothing is stored: a bigger result belongs elsewhere
-# (a table or object store of yours), with a reference to it returned.
-MAX_RESULT_BYTES = 1 << 20
 RESULT_POLL = 0.5  # seconds between Queue.result's reads when no notification comes
 
 
@@ -55,48 +45,6 @@ def prepare_many(prepare: bool, jobs: Sequence[Job]) -> bool:
     thousands of ids it took 3.3 s instead of 33 ms. Small batches, the common case, stay
     prepared (planning each would cost every batch); large ones are planned each time."""
     return prepare and len(jobs) <= PREPARED_UP_TO
-
-
-# -- validation: bad input gets a one-line message before anything is written ---------
-def queue_names(queue: object) -> list[str]:
-    """One queue name, or a non-empty sequence of distinct ones, as a list."""
-    if isinstance(queue, str):
-        return [checked_queue_name(queue)]
-    if not isinstance(queue, list | tuple) or not queue:
-        raise BadInput(f"queue must be a name or a non-empty list of names, got {queue!r}")
-    names = [checked_queue_name(q) for q in queue]
-    if len(set(names)) != len(names):
-        raise BadInput(f"queue names must be distinct, got {names!r}")
-    return names
-
-
-def checked_job_id(job_id: object) -> int:
-    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id < 2**63:
-        raise BadInput(f"a job id is a whole number >= 1, got {job_id!r}")
-    return job_id
-
-
-def _key(key: object) -> str | None:
-    if key is None:
-        return None
-    if not isinstance(key, str) or not key or len(key) > 1000 or "\x00" in key:
-        raise BadInput(f"key must be a non-empty text of at most 1000 characters, got {key!r}")
-    if not _is_utf8(key):
-        raise BadInput(f"key is not valid UTF-8 text (lone surrogates): {key!r}")
-    return key
-
-
-def checked_group(group: object) -> str | None:
-    """A job's group (``group_key``), limited together by its queue's per-group limit."""
-    if group is None:
-        return None
-    if not isinstance(group, str) or not group or len(group) > 1000 or "\x00" in group:
-        raise BadInput(
-            f"group must be a non-empty text of at most 1000 characters (or None), got {group!r}"
-        )
-    if not _is_utf8(group):
-        raise BadInput(f"group is not valid UTF-8 text (lone surrogates): {group!r}")
-    return group
 
 
 def limit_params(queue: object, per_group: object) -> dict[str, Any]:
@@ -112,51 +60,6 @@ def limit_params(queue: object, per_group: object) -> dict[str, Any]:
             f"(None removes the limit), got {per_group!r}"
         )
     return {"queue": checked_queue_name(queue), "per_group": per_group}
-
-
-def checked_queue_name(queue: object) -> str:
-    if not isinstance(queue, str) or not queue.strip() or len(queue) > 200 or "\x00" in queue:
-        raise BadInput(f"queue must be a non-empty name of at most 200 characters, got {queue!r}")
-    if not _is_utf8(queue):
-        raise BadInput(f"queue name is not valid UTF-8 text (lone surrogates): {queue!r}")
-    return queue
-
-
-def _is_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def printable(text: str) -> str:
-    """``text`` with NULs and lone surrogates escaped (``\\x00``, ``\\udc80``): what a Postgres
-    text column and a UTF-8 log stream both accept."""
-    text = text.replace("\x00", "\\x00")
-    return text if _is_utf8(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def column_text(value: object, limit: int) -> str:
-    """``value`` as text a Postgres text column accepts: no NUL, valid UTF-8, bounded."""
-    return printable(str(value)[:limit])
-
-
-def checked_seconds(what: str, value: object, *, upper: float = math.inf) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise BadInput(f"{what} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value) or value < 0 or value > upper:
-        raise BadInput(
-            f"{what} must be a finite number of seconds from 0 to {upper:g}, got {value!r}"
-        )
-    return float(value)
-
-
-def checked_lease(lease: object) -> float:
-    seconds = checked_seconds("lease", lease, upper=MAX_LEASE)
-    if seconds == 0:
-        raise BadInput("lease must be more than 0 seconds (try 30)")
-    return seconds
 
 
 def job_params(
@@ -188,51 +91,6 @@ def job_params(
         "max_attempts": max_attempts,
         "priority": priority,
     }
-
-
-def _jsonb(payload: object, *, index: int | None = None) -> Jsonb:
-    where = "payload" if index is None else f"payload #{index}"
-    if not isinstance(payload, dict):
-        raise BadInput(f"{where} must be a JSON object (a dict), got {type(payload).__name__}")
-    try:
-        text = _JSON.encode(payload)
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise BadInput(f"{where} is not JSON-serialisable: {exc}") from None
-    if steps.holds_nul(text):
-        raise BadInput(f"{where} contains a NUL character (\\u0000), which jsonb cannot store")
-    try:
-        data = text.encode("utf-8")  # encoded once: the driver sends these bytes as they are
-    except UnicodeEncodeError:
-        raise BadInput(f"{where} contains text that is not valid UTF-8 (lone surrogates)") from None
-    return Jsonb(payload, dumps=lambda _: data)
-
-
-class JsonText(str):
-    """A result already encoded by ``result_text`` (a worker's lane did it): sent as is."""
-
-
-def result_text(value: object) -> JsonText | None:
-    """A return value as the JSON text stored with its job (None: store NULL), or
-    ``BadInput`` in one line: not JSON-serialisable, or over ``MAX_RESULT_BYTES``."""
-    if value is None or isinstance(value, JsonText):
-        return value
-    try:
-        text = _JSON.encode(value)
-    except (TypeError, ValueError, RecursionError) as exc:
-        name = type(value).__name__
-        raise BadInput(f"the return value ({name}) is not JSON-serialisable: {exc}") from None
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise BadInput("the return value holds text that is not UTF-8 (lone surrogates)") from None
-    if size > MAX_RESULT_BYTES:
-        raise BadInput(
-            f"the return value is {size:,} bytes of JSON, over the {MAX_RESULT_BYTES:,}-byte cap "
-            "(pgqueue.MAX_RESULT_BYTES): store it elsewhere and return a reference"
-        )
-    if steps.holds_nul(text):
-        raise BadInput("the return value contains a NUL character (\\u0000): jsonb cannot hold it")
-    return JsonText(text)
 
 
 def complete_params(job: Job, result: object) -> tuple[str, dict[str, Any]]:
@@ -274,18 +132,6 @@ def result_of(job_id: int, row: tuple[Any, ...] | None) -> tuple[bool, Any]:
     return False, status
 
 
-def result_args(
-    job_id: object, timeout: object, poll_interval: object
-) -> tuple[int, float | None, float]:
-    """``Queue.result``'s arguments checked: the id, the deadline (monotonic; None: wait
-    for ever) and the seconds between reads."""
-    deadline = None if timeout is None else time.monotonic() + checked_seconds("timeout", timeout)
-    poll = checked_seconds("poll_interval", poll_interval)
-    if poll <= 0:
-        raise BadInput(f"poll_interval is seconds, > 0, got {poll_interval!r}")
-    return checked_job_id(job_id), deadline, poll
-
-
 def result_wait(job_id: int, deadline: float | None, poll_interval: float, status: str) -> float:
     """How long ``Queue.result`` may wait before reading again; ``TimeoutError`` past the
     deadline."""
@@ -301,69 +147,9 @@ def held_params(jobs: Sequence[Job]) -> dict[str, list[int]]:
     return {"ids": [j.id for j in jobs], "fences": [j.fence for j in jobs]}
 
 
-# -- what each statement is sent and what its reply means: Queue and AsyncQueue share
-# these, so the two differ only in how they wait for the server -----------------------
+# -- the claim's, the ends', retry_dead's, stats', prune's and the periodic clock's ------
 # enqueue_copy's columns: id, queue, payload, run_at, max_attempts, priority, group_key
 COPY_TYPES = ["bigint", "text", "jsonb", "timestamptz", "integer", "integer", "text"]
-
-
-RETRY_DEAD = ("retry_dead", "retry_dead_ids")
-PERIODIC = ("schedule_clock", "schedule_add", "schedule_tick", "schedules")
-
-
-def pgqueue_error(exc: psycopg.Error, name: str | None = None) -> PgQueueError | None:
-    """The one-line pgqueue error a driver error of statement ``name`` stands for, or None
-    to let it through."""
-    if isinstance(exc, psycopg.errors.UniqueViolation):
-        if exc.diag.constraint_name == "jobs_slot_idx":
-            # claim_limited: a slot taken by a claim that committed after this one began.
-            return SlotRace(
-                "a claim under a per-group limit met a slot another claim took meanwhile; "
-                "nothing was claimed: claim again"
-            )
-        if exc.diag.constraint_name != "jobs_key_idx":
-            return None
-        if name in RETRY_DEAD:
-            # The statement skips taken keys; one taken after its snapshot still stops it.
-            return KeyRace(
-                f"retry_dead: a job enqueued meanwhile took a dead job's key "
-                f"({(exc.diag.message_detail or '').rstrip('.')}); nothing was retried: "
-                "run it again"
-            )
-        return BadInput(
-            "a job with the same key is ready or running in that queue: "
-            "let it finish or cancel it first"
-        )
-    if isinstance(
-        exc, psycopg.errors.DuplicatePreparedStatement | psycopg.errors.InvalidSqlStatementName
-    ):
-        return PgQueueError(
-            f"prepared statements failed ({first_line(exc)}): behind PgBouncer in "
-            "transaction mode? Use --pgbouncer (PGQUEUE_PGBOUNCER=1, Queue(pgbouncer=True))"
-        )
-    if isinstance(exc, psycopg.errors.UndefinedTable) and name in PERIODIC:
-        return NotInstalled(
-            "the periodic tables (pgqueue_schedules, pgqueue_slots) do not exist in this "
-            "database: run `pgqueue init` (or Queue.install()) to add them"
-        )
-    if isinstance(exc, psycopg.errors.UndefinedTable) and (found := steps.missing(exc)):
-        return found
-    if isinstance(exc, psycopg.errors.UndefinedTable):
-        return NotInstalled(
-            "the jobs table does not exist in this database: "
-            "run `pgqueue init` (or Queue.install()) first"
-            if "pgqueue_limits" not in str(exc)
-            else "pgqueue_limits does not exist: this table is of an older pgqueue; "
-            "run `pgqueue init` (or Queue.install()) to upgrade it"
-        )
-    if isinstance(exc, psycopg.errors.UndefinedColumn) and any(
-        f'column "{name}"' in str(exc) for name in ("group_key", "slot")
-    ):
-        return NotInstalled(
-            "the jobs table is of an older pgqueue (no group_key): "
-            "run `pgqueue init` (or Queue.install()) to upgrade it"
-        )
-    return None
 
 
 def enqueue_params(
@@ -377,14 +163,10 @@ def enqueue_params(
     group: object = None,
 ) -> dict[str, Any]:
     params = job_params(queue, delay, run_at, max_attempts, priority)
-    params["payload"] = _jsonb(payload)
-    params["key"] = _key(key)
+    params["payload"] = payload_jsonb(payload)
+    params["key"] = checked_key(key)
     params["group_key"] = checked_group(group)
     return params
-
-
-def key_race(key: object) -> PgQueueError:
-    return PgQueueError(f"enqueue of key {key!r} kept racing with other enqueues; try again")
 
 
 def enqueue_many_params(
@@ -399,14 +181,14 @@ def enqueue_many_params(
 ) -> dict[str, Any]:
     params = job_params(queue, delay, run_at, max_attempts, priority)
     params["group_key"] = checked_group(group)
-    params["payloads"] = [_jsonb(p, index=i) for i, p in enumerate(payloads)]
+    params["payloads"] = [payload_jsonb(p, index=i) for i, p in enumerate(payloads)]
     if keys is not None:
         if len(keys) != len(params["payloads"]):
             raise BadInput(
                 f"keys must give one key (or None) per payload: {len(keys)} keys for "
                 f"{len(params['payloads'])} payloads"
             )
-        params["keys"] = [_key(k) for k in keys]
+        params["keys"] = [checked_key(k) for k in keys]
     return params
 
 
@@ -469,12 +251,6 @@ class Keyed:
                 "enqueue_many: a key's job ended while it was being added; try again"
             )
         return [int(i) for i in self.result if i is not None]
-
-
-def claim_args(queue: object, limit: object, lease: object) -> tuple[list[str], int, float]:
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CLAIM:
-        raise BadInput(f"limit must be a whole number from 1 to {MAX_CLAIM}, got {limit!r}")
-    return queue_names(queue), limit, checked_lease(lease)
 
 
 CLAIMS = ("claim", "claim_limited")  # without, with a per-group limit (sql/queries.sql)
@@ -630,15 +406,6 @@ def finished_estimate(rows: list[dict[str, Any]], total: tuple[Any, ...] | None)
     }
 
 
-def prune_args(older_than: object, batch: object) -> float:
-    if isinstance(older_than, timedelta):
-        older_than = older_than.total_seconds()
-    age = checked_seconds("older_than", older_than, upper=MAX_AGE)
-    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 10**7:
-        raise BadInput(f"batch must be a whole number of jobs from 1 to 10000000, got {batch!r}")
-    return age
-
-
 class Pruning:
     """Where a prune run is: the next statement's parameters, what the replies added up
     to, and the progress in ids (done, in all) between the two ends ``id_span`` found."""
@@ -674,65 +441,51 @@ def schedule_clock_reply(rows: list[tuple[Any, ...]]) -> tuple[datetime, dict[st
     return rows[0][0], {r[1]: r[2] for r in rows if r[1] is not None}
 
 
-# -- conn=: your own transaction, on psycopg 3 directly or through SQLAlchemy ---------------
+class Reaped(NamedTuple):
+    """A job the reaper moved: back to ``ready``, or to ``dead`` at max_attempts."""
+
+    id: int
+    queue: str
+    status: str
+    fence: int
 
 
-def your_conn(conn: object) -> psycopg.Connection | None:
-    """``conn=`` of ``Queue``: a psycopg connection as it is, or a SQLAlchemy ``Connection``
-    or ``Session`` on psycopg 3 unwrapped to the psycopg connection under it, with its
-    SQLAlchemy transaction begun (a Session's ``connection()`` begins it), so that the job
-    commits or rolls back with that transaction."""
-    if conn is None or isinstance(conn, psycopg.Connection):
-        return conn
-    if from_sqlalchemy(conn):
-        from sqlalchemy.engine import Connection
-        from sqlalchemy.orm import Session, scoped_session
+class Limit(NamedTuple):
+    """A queue's per-group limit (``Queue.limits``): at most ``per_group`` running jobs of
+    one group; ``running``: its jobs running under the limit now, all groups together."""
 
-        if isinstance(conn, Session | scoped_session):
-            conn = conn.connection()
-        if isinstance(conn, Connection):
-            if not conn.in_transaction():
-                conn.begin()  # else its commit() would find nothing begun to commit
-            raw = conn.connection.driver_connection
-            return _driver(raw, psycopg.Connection, conn.dialect.driver)
-    raise _not_a_conn(conn, "Connection or Session")
+    queue: str
+    per_group: int
+    running: int
 
 
-async def your_async_conn(conn: object) -> psycopg.AsyncConnection | None:
-    """``conn=`` of ``AsyncQueue``: a psycopg ``AsyncConnection``, or SQLAlchemy's
-    ``AsyncConnection`` or ``AsyncSession`` on psycopg 3 (``postgresql+psycopg://``),
-    unwrapped as ``your_conn`` does."""
-    if conn is None or isinstance(conn, psycopg.AsyncConnection):
-        return conn
-    if from_sqlalchemy(conn):
-        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
+class JobState(NamedTuple):
+    """One job as the table holds it now (``Queue.get``)."""
 
-        if isinstance(conn, AsyncSession | async_scoped_session):
-            conn = await conn.connection()
-        if isinstance(conn, AsyncConnection):
-            if not conn.in_transaction():
-                await conn.begin()
-            raw = (await conn.get_raw_connection()).driver_connection
-            return _driver(raw, psycopg.AsyncConnection, conn.dialect.driver)
-    raise _not_a_conn(conn, "AsyncConnection or AsyncSession")
-
-
-def from_sqlalchemy(conn: object) -> bool:
-    return type(conn).__module__.split(".")[0] == "sqlalchemy"  # never imports SQLAlchemy
+    id: int
+    queue: str
+    status: str  # ready, running, done, dead or cancelled
+    payload: dict[str, Any]
+    priority: int
+    key: str | None
+    attempts: int
+    max_attempts: int
+    fence: int
+    run_at: datetime
+    lease_until: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    last_error: str | None
+    group_key: str | None  # enqueue's group: limited together by the queue's per-group limit
+    result: Any = None  # what the handler returned (done jobs; None: nothing)
 
 
-def _driver(raw: object, kind: type[Any], driver: str) -> Any:
-    if not isinstance(raw, kind):
-        raise BadInput(
-            f"conn= is a SQLAlchemy connection on the {driver!r} driver; pgqueue joins only "
-            "a transaction on psycopg 3: create the engine from a postgresql+psycopg:// URL"
-        )
-    return raw
+class ScheduleState(NamedTuple):
+    """One periodic schedule as the table holds it (``Queue.schedules``): its last slot
+    (a job made, or skipped as missed) and its next, as of the last tick that moved it."""
 
-
-def _not_a_conn(conn: object, sqlalchemy_kinds: str) -> BadInput:
-    kind = "AsyncConnection" if "Async" in sqlalchemy_kinds else "Connection"
-    return BadInput(
-        f"conn= must be a psycopg {kind} or a SQLAlchemy {sqlalchemy_kinds} on psycopg 3, "
-        f"got {type(conn).__module__}.{type(conn).__qualname__}"
-    )
+    name: str
+    spec: str  # 'cron */5 * * * *' or 'every 30s'
+    queue: str
+    last_slot: datetime
+    next_slot: datetime | None

@@ -1,11 +1,18 @@
-"""``Queue``: one method per statement of ``sql/queries.sql``, no hidden state but a connection.
+# Generated from async_queue.py by `python pgqueue/tools/async_to_sync.py`: edit that file,
+# then run the command again (make lint fails while the two differ).
+"""The jobs table behind one connection: one method per statement of ``sql/queries.sql``,
+no hidden state but the connection, written once for both faces. ``AsyncQueue`` in
+``async_queue.py`` is the source (methods awaited, on an ``AsyncConnection``); ``Queue`` in
+``queue.py`` is the same code without ``await``, generated from it by
+``python pgqueue/tools/async_to_sync.py`` (``make lint`` fails while the two differ). Each
+method builds its parameters and reads its reply with the helpers of ``params.py``.
 
 Every write after a claim carries the job's fence and returns whether it took effect:
 ``False`` means another worker holds the job now, and the caller must discard its work.
 
-Which face runs which path: the notebooks and your scripts drive this ``Queue``; the
+Which face runs which path: the notebooks and your scripts drive the sync ``Queue``; the
 worker (``Worker`` too, not only ``AsyncWorker``) runs the engine on an event loop and sends
-the same statements through ``AsyncQueue`` (``async_queue.py``).
+these statements through ``AsyncQueue``.
 """
 
 from __future__ import annotations
@@ -14,14 +21,17 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
 
 from . import defaults, statements
+from .adapters import from_sqlalchemy, your_conn
 from .db import connect, own_cursor, pgbouncer_mode
-from .errors import KeyRace, SlotRace
+from .errormap import key_race, pgqueue_error
+from .errors import KeyRace, PgQueueError, SlotRace
+from .inputs import checked_job_id, checked_lease, claim_args, prune_args, result_args
 from .install import (
     DEFAULT_LOCK_TIMEOUT,
     Catalog,
@@ -43,14 +53,15 @@ from .params import (
     RESULT_POLL,
     SLOT_TRIES,
     ClaimRoute,
+    JobState,
     Keyed,
+    Limit,
     Pruning,
+    Reaped,
     Retried,
+    ScheduleState,
     beat,
     beat_many,
-    checked_job_id,
-    checked_lease,
-    claim_args,
     complete_many_params,
     complete_params,
     completed_many,
@@ -62,81 +73,32 @@ from .params import (
     fail_params,
     fail_reply,
     finished_estimate,
-    from_sqlalchemy,
     held_params,
-    key_race,
     limit_params,
-    pgqueue_error,
     prepare_many,
-    prune_args,
     reserved,
-    result_args,
     result_of,
     result_wait,
     retried_reply,
     retry_dead_plan,
+    schedule_clock_reply,
     stats_reply,
-    your_conn,
 )
+from .periodic import Schedule, tick_params
 from .steps import StepState
 
-
-class Reaped(NamedTuple):
-    """A job the reaper moved: back to ``ready``, or to ``dead`` at max_attempts."""
-
-    id: int
-    queue: str
-    status: str
-    fence: int
-
-
-class Limit(NamedTuple):
-    """A queue's per-group limit (``Queue.limits``): at most ``per_group`` running jobs of
-    one group; ``running``: its jobs running under the limit now, all groups together."""
-
-    queue: str
-    per_group: int
-    running: int
-
-
-class JobState(NamedTuple):
-    """One job as the table holds it now (``Queue.get``)."""
-
-    id: int
-    queue: str
-    status: str  # ready, running, done, dead or cancelled
-    payload: dict[str, Any]
-    priority: int
-    key: str | None
-    attempts: int
-    max_attempts: int
-    fence: int
-    run_at: datetime
-    lease_until: datetime | None
-    started_at: datetime | None
-    finished_at: datetime | None
-    last_error: str | None
-    group_key: str | None  # enqueue's group: limited together by the queue's per-group limit
-    result: Any = None  # what the handler returned (done jobs; None: nothing)
-
-
-class ScheduleState(NamedTuple):
-    """One periodic schedule as the table holds it (``Queue.schedules``): its last slot
-    (a job made, or skipped as missed) and its next, as of the last tick that moved it."""
-
-    name: str
-    spec: str  # 'cron */5 * * * *' or 'every 30s'
-    queue: str
-    last_slot: datetime
-    next_slot: datetime | None
+Cursor = psycopg.Cursor[Any]
+_NOT_PREPARED = frozenset({"listen_done", "unlisten_done"})  # utility statements
 
 
 class Queue:
     """The jobs table behind one connection (opened from a DSN, or yours).
 
-    Pass ``conn=`` to ``enqueue``/``enqueue_many`` to write the job inside your own
-    transaction: it then commits or rolls back with your data. ``conn`` (and ``target``)
-    may be a psycopg connection, or a SQLAlchemy ``Connection`` or ``Session`` on psycopg 3
+    The sync face connects when made; the async face when opened (``open()``, or its context).
+    Pass ``conn=`` to ``enqueue``/``enqueue_many`` to write the job
+    inside your own transaction: it then commits or rolls back with your data. ``conn``
+    (and, for the sync face, ``target``) may be a psycopg connection, or a SQLAlchemy
+    connection or session (of SQLAlchemy's async kind for the async face) on psycopg 3
     (``postgresql+psycopg://``), whose transaction the job joins (docs/sqlalchemy.md).
     """
 
@@ -150,25 +112,45 @@ class Queue:
         if from_sqlalchemy(target):  # Queue(session): the psycopg connection under it
             target = your_conn(target)
         self._owned = not isinstance(target, psycopg.Connection)
+        self._dsn = None if isinstance(target, psycopg.Connection) else target
+        self._application_name = application_name
         # Behind PgBouncer in transaction mode (``pgbouncer=True`` or PGQUEUE_PGBOUNCER=1)
         # nothing is prepared on the server; otherwise every statement is, once.
         self.pgbouncer = pgbouncer_mode(pgbouncer)
         self._prepare = not self.pgbouncer  # False: never, even on a connection of yours
         self._route = ClaimRoute()  # which claim statement each queue needs (a guess)
-        self.conn: psycopg.Connection = (
-            target
-            if isinstance(target, psycopg.Connection)
-            else connect(target, application_name=application_name, pgbouncer=self.pgbouncer)
-        )
+        self._conn = target if isinstance(target, psycopg.Connection) else None
+        self.open()  # a sync Queue connects at once
+
+    @property
+    def conn(self) -> psycopg.Connection:
+        """The connection (an ``Queue``'s: ``PgQueueError`` until ``with``)."""
+        if self._conn is None:
+            raise PgQueueError("Queue is not open: use `with Queue(...) as q`")
+        return self._conn
+
+    @property
+    def closed(self) -> bool:
+        """Whether the queue has no open connection (closed, or an async one not opened)."""
+        return self._conn is None or self._conn.closed
 
     # -- lifecycle -------------------------------------------------------------------
+    def open(self) -> Queue:
+        """Connect, if this queue opens its own connection and has not yet."""
+        if self._conn is None:
+            self._conn = connect(
+                self._dsn, application_name=self._application_name, pgbouncer=self.pgbouncer
+            )
+        return self
+
     def close(self) -> None:
         """Close the connection if this queue opened it."""
-        if self._owned:
-            self.conn.close()
+        if self._owned and self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def __enter__(self) -> Queue:
-        return self
+        return self.open()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -214,8 +196,8 @@ class Queue:
                         changed.append(step.what)
                 step, found = None, self._catalog()
         except psycopg.errors.LockNotAvailable:
-            holder = own_cursor(conn).execute(block("lock_holders"), prepare=False).fetchone()
-            raise blocked(step, lock_timeout, holder) from None
+            cur = own_cursor(conn).execute(block("lock_holders"), prepare=False)
+            raise blocked(step, lock_timeout, cur.fetchone()) from None
         except psycopg.errors.CheckViolation:
             raise bad_statuses() from None
         return Installation(changed, found.notify_trigger)
@@ -230,7 +212,7 @@ class Queue:
             yield
             return
         conn = self.conn
-        [previous] = own_cursor(conn).execute(block("current_lock_timeout")).fetchone() or ["0"]
+        [previous] = (own_cursor(conn).execute(block("current_lock_timeout"))).fetchone() or ["0"]
         own_cursor(conn).execute(block("lock_timeout"), {"timeout": timeout, "local": False})
         try:
             own_cursor(conn).execute(block("install_lock_session"), prepare=False)
@@ -244,10 +226,9 @@ class Queue:
     def _catalog(self) -> Catalog:
         """What is installed, read from the catalog in one snapshot."""
         with self.conn.transaction():
-            found = own_cursor(self.conn).execute(block("installed"), prepare=False).fetchone()
-            indexes = (
-                own_cursor(self.conn).execute(block("installed_indexes"), prepare=False).fetchall()
-            )
+            found = (own_cursor(self.conn).execute(block("installed"), prepare=False)).fetchone()
+            cur = own_cursor(self.conn).execute(block("installed_indexes"), prepare=False)
+            indexes = cur.fetchall()
         assert found is not None  # one row, always
         return catalog(found, indexes)
 
@@ -278,11 +259,9 @@ class Queue:
         params = enqueue_params(payload, queue, delay, run_at, max_attempts, priority, key, group)
         conn = your_conn(conn)
         for _ in range(KEY_TRIES):
-            row = self._run("enqueue", params, conn).fetchone()
+            row = self._one("enqueue", params, conn)
             if row is not None:
                 return int(row[0])
-            # A racing enqueue of the same key committed after this statement began: the
-            # index saw it, the snapshot did not. A new statement sees it (or its end).
         raise key_race(key)
 
     def enqueue_many(
@@ -310,34 +289,26 @@ class Queue:
         if how == "none":
             return []
         conn = your_conn(conn)
-        if how == "keyed":
-            return self._keyed_many(params, conn)
-        if how == "copy":
-            return self._copy_many(params, conn)
-        return [int(r[0]) for r in self._run("enqueue_many", params, conn).fetchall()]
-
-    def _keyed_many(self, params: dict[str, Any], conn: psycopg.Connection | None) -> list[int]:
-        """``enqueue_many`` with keys: reserve ids, insert with ON CONFLICT DO NOTHING, then
-        give each payload the id of the job that holds its key."""
+        if how == "insert":
+            return [int(r[0]) for r in self._all("enqueue_many", params, conn)]
         reserve = params | {"n": len(params["payloads"])}
-        ids, run_at = reserved(self._run("enqueue_reserve", reserve, conn).fetchone())
-        found = self._run("enqueue_keyed", params | {"ids": ids, "run_at": run_at}, conn).fetchall()
+        ids, run_at = reserved(self._one("enqueue_reserve", reserve, conn))
+        if how == "copy":
+            with (
+                (conn or self.conn).cursor() as cursor,
+                cursor.copy(statements.query("enqueue_copy")) as copy,
+            ):
+                copy.set_types(COPY_TYPES)
+                for row in copy_rows(params, ids, run_at):
+                    copy.write_row(row)
+            return ids
+        keyed_params = params | {"ids": ids, "run_at": run_at}
+        found = self._all("enqueue_keyed", keyed_params, conn)
         keyed = Keyed(params["keys"], ids, found)
         if keyed.missing:  # held by a racing enqueue that committed after the statement began
             ask = {"queue": params["queue"], "keys": keyed.missing}
-            keyed.add_holders(self._run("key_holders", ask, conn).fetchall())
+            keyed.add_holders(self._all("key_holders", ask, conn))
         return keyed.ids()
-
-    def _copy_many(self, params: dict[str, Any], conn: psycopg.Connection | None) -> list[int]:
-        """``enqueue_many`` for large batches: reserve the ids, then COPY the jobs in."""
-        conn = conn or self.conn
-        reserve = params | {"n": len(params["payloads"])}
-        ids, run_at = reserved(self._run("enqueue_reserve", reserve, conn).fetchone())
-        with conn.cursor().copy(statements.query("enqueue_copy")) as copy:
-            copy.set_types(COPY_TYPES)
-            for row in copy_rows(params, ids, run_at):
-                copy.write_row(row)
-        return ids
 
     # -- consuming -------------------------------------------------------------------
     def claim(
@@ -356,9 +327,7 @@ class Queue:
         jobs: list[Job] = []
         for name in names:
             params = {"queue": name, "limit": limit - len(jobs), "lease": lease}
-            # The job's local deadline counts from before the claim was sent: the server's
-            # lease starts later than that, so this holder gives up first.
-            deadline = time.monotonic() + lease
+            deadline = time.monotonic() + lease  # counted from before the claim was sent
             rows = self._claim_rows(name, params)
             jobs += [Job(*row, conn=self.conn, deadline=deadline) for row in rows]
             if len(jobs) == limit:
@@ -371,7 +340,7 @@ class Queue:
         races (a claim soon after sees the slots taken)."""
         for _ in range(SLOT_TRIES):
             try:
-                rows = self._run(self._route.statement(name), params).fetchall()
+                rows = self._all(self._route.statement(name), params)
             except SlotRace:
                 if self.conn.info.transaction_status != TransactionStatus.IDLE:
                     raise  # inside a transaction of yours, which is now aborted
@@ -384,7 +353,7 @@ class Queue:
         """Extend the job's lease; False (and ``job.lost``) if someone else holds it now."""
         params = {"id": job.id, "fence": job.fence, "lease": checked_lease(lease)}
         deadline = time.monotonic() + params["lease"]
-        return beat(job, self._run("heartbeat", params).fetchone(), deadline)
+        return beat(job, (self._run("heartbeat", params)).fetchone(), deadline)
 
     def heartbeat_many(self, jobs: Sequence[Job], *, lease: float = defaults.LEASE) -> list[Job]:
         """Extend many leases in one statement; return the jobs that were lost (marked)."""
@@ -392,26 +361,27 @@ class Queue:
             return []
         params = {**held_params(jobs), "lease": checked_lease(lease)}
         deadline = time.monotonic() + params["lease"]
-        cur = self._run("heartbeat_many", params, prepare=prepare_many(self._prepare, jobs))
-        return beat_many(jobs, cur.fetchall(), deadline)
+        many = prepare_many(self._prepare, jobs)
+        kept = self._all("heartbeat_many", params, prepare=many)
+        return beat_many(jobs, kept, deadline)  # type: ignore[return-value]
 
     def complete(self, job: Job, result: object = None) -> bool:
         """Mark the job done, storing ``result`` (JSON, at most ``MAX_RESULT_BYTES``; None
         stores nothing) in the same fenced statement; False (and ``job.lost``) if its fence
         is stale, and then nothing is stored. ``BadInput`` for a result it cannot store."""
         name, params = complete_params(job, result)
-        return end_reply(job, self._run(name, params).rowcount == 1, "done")
+        return end_reply(job, (self._run(name, params)).rowcount == 1, "done")
 
     def complete_many(
         self, jobs: Sequence[Job], results: Sequence[object] | None = None
     ) -> list[Job]:
-        """Mark many jobs done in one fenced statement, each with its result if ``results``
-        (one per job, None: nothing) is given; return the ones rejected (marked)."""
+        """Mark many jobs done in one fenced statement, with their ``results`` if given;
+        return the ones rejected (marked)."""
         if not jobs:
             return []
         name, params = complete_many_params(jobs, results)
-        cur = self._run(name, params, prepare=prepare_many(self._prepare, jobs))
-        return completed_many(jobs, cur.fetchall())
+        done = self._all(name, params, prepare=prepare_many(self._prepare, jobs))
+        return completed_many(jobs, done)  # type: ignore[return-value]
 
     def fail(
         self,
@@ -429,19 +399,18 @@ class Queue:
         ``delay`` retries after that many seconds instead of the backoff (it still counts as
         an attempt); ``give_up`` sends the job dead at once."""
         params = fail_params(job, error, backoff, delay, give_up)
-        return fail_reply(job, self._run("fail", params).fetchone())
+        return fail_reply(job, self._one("fail", params))
 
     def release(self, job: Job) -> bool:
-        """Give back a claimed job that was not started: the attempt is given back, the
-        fence stays (so afterwards fence > attempts; the fence only ever rises)."""
+        """Give back a claimed job that was not started (its attempt too, not its fence)."""
         params = {"id": job.id, "fence": job.fence}
-        return end_reply(job, self._run("release", params).rowcount == 1, "ready")
+        return end_reply(job, (self._run("release", params)).rowcount == 1, "ready")
 
     def cancel(self, job_id: int) -> bool:
         """Cancel a ready or running job; True if it was. A ready job never runs; a running
         one's fence rises, so its holder's heartbeat, completion and fenced writes are
         refused and its handler sees ``job.lost``. Done, dead or cancelled jobs: False."""
-        return self._run("cancel", {"id": checked_job_id(job_id)}).fetchone() is not None
+        return self._one("cancel", {"id": checked_job_id(job_id)}) is not None
 
     # -- per-group limits ------------------------------------------------------------
     def limit(self, queue: str, *, per_group: int | None) -> None:
@@ -453,12 +422,12 @@ class Queue:
 
     def limits(self) -> list[Limit]:
         """Every queue's per-group limit, with how many of its jobs run under it now."""
-        return [Limit(*row) for row in self._run("limits", {}).fetchall()]
+        return [Limit(*row) for row in self._all("limits", {})]
 
     # -- housekeeping ----------------------------------------------------------------
     def reap(self) -> list[Reaped]:
         """Return jobs with expired leases to ``ready`` (or ``dead``); safe to run anywhere."""
-        return [Reaped(*row[:4]) for row in self._run("reap", {}).fetchall()]
+        return [Reaped(*row[:4]) for row in self._all("reap", {})]
 
     def retry_dead(
         self, queue: str | None = None, *, ids: Sequence[int] | None = None, extra: int = 1
@@ -475,7 +444,7 @@ class Queue:
         name, params = plan
         for _ in range(KEY_TRIES):
             try:
-                return retried_reply(name, self._run(name, params).fetchall())
+                return retried_reply(name, self._all(name, params))
             except KeyRace as exc:
                 race = exc  # a key taken after the statement began; a new one sees it
                 if self.conn.info.transaction_status != TransactionStatus.IDLE:
@@ -502,13 +471,14 @@ class Queue:
         hear = listen and not self.pgbouncer and conn.autocommit
         hear = hear and conn.info.transaction_status == TransactionStatus.IDLE
         if hear:
-            self._run("listen_done", {}, prepare=False)
+            self._run("listen_done", {})
         try:
             if hear:  # the job's end is notified only while someone waits for it
                 self._run("wait_for", {"id": job_id})
             mine = str(job_id)
             while True:
-                done, value = result_of(job_id, self._run("result", {"id": job_id}).fetchone())
+                row = self._one("result", {"id": job_id})
+                done, value = result_of(job_id, row)
                 if done:
                     return value
                 wait = result_wait(job_id, deadline, poll, value)
@@ -521,17 +491,17 @@ class Queue:
         finally:
             if hear and not conn.closed:
                 self._run("wait_done", {"id": job_id})
-                self._run("unlisten_done", {}, prepare=False)
+                self._run("unlisten_done", {})
 
     def get(self, job_id: int) -> JobState | None:
         """The job with this id as it is now, or None if there is none."""
-        row = self._run("get", {"id": checked_job_id(job_id)}).fetchone()
+        row = self._one("get", {"id": checked_job_id(job_id)})
         return None if row is None else JobState(*row)
 
     def steps(self, job_id: int) -> list[StepState]:
         """The durable steps job ``job_id`` has stored (``Job.step``), oldest first: name,
         fence of the claim that wrote it, when, and output."""
-        return [StepState(*row) for row in self._run("steps", {"job": checked_job_id(job_id)})]
+        return [StepState(*row) for row in self._all("steps", {"job": checked_job_id(job_id)})]
 
     def stats(self, *, exact: bool = False) -> list[dict[str, Any]]:
         """Job counts by queue and status, with the oldest runnable job's wait in seconds and
@@ -544,13 +514,31 @@ class Queue:
         cur = self._run("stats_exact" if exact else "stats", {})
         rows = stats_reply(cur.description, cur.fetchall())
         if not exact:
-            rows.append(finished_estimate(rows, self._run("stats_rows", {}).fetchone()))
+            total = self._one("stats_rows", {})
+            rows.append(finished_estimate(rows, total))
         return rows
 
     def schedules(self) -> list[ScheduleState]:
         """Every periodic schedule some worker ticked, by name, with its last and next slot;
         ``NotInstalled`` if the periodic tables are missing (``pgqueue init`` adds them)."""
-        return [ScheduleState(*row) for row in self._run("schedules", {}).fetchall()]
+        return [ScheduleState(*row) for row in self._all("schedules", {})]
+
+    # -- periodic jobs: what a worker's tick sends (pgqueue/periodic.py) ------------------
+    def schedule_clock(self, names: Sequence[str]) -> tuple[datetime, dict[str, datetime]]:
+        """The server's clock, and the last slot of each named schedule that has a row."""
+        return schedule_clock_reply(self._all("schedule_clock", {"names": list(names)}))
+
+    def schedule_add(self, schedule: Schedule, slots: Sequence[datetime]) -> bool:
+        """Add a schedule's row, starting at its newest slot of ``slots`` not after the
+        server's clock; False if another worker added it first."""
+        cur = self._run("schedule_add", tick_params(schedule, slots))
+        return cur.rowcount == 1
+
+    def schedule_tick(self, schedule: Schedule, slots: Sequence[datetime]) -> int:
+        """Make the jobs of the due slots among ``slots`` that no worker made yet (the
+        database decides which are due, and the slot's key that one job exists); how many."""
+        row = self._one("schedule_tick", tick_params(schedule, slots))
+        return int(row[0]) if row else 0
 
     def prune(
         self,
@@ -565,14 +553,34 @@ class Queue:
         ``batch`` jobs at a time, one short transaction each (never one long DELETE that
         holds back vacuum), however far apart their ids are; ``progress(ids_done,
         ids_total)`` is called after each batch. Dead jobs are kept: they wait for a person."""
-        run = Pruning(self._run("id_span", {}).fetchone(), batch, prune_args(older_than, batch))
+        run = Pruning(self._one("id_span", {}), batch, prune_args(older_than, batch))
         while (params := run.params()) is not None:
-            run.took(self._run("prune_archive" if archive else "prune", params).fetchone())
+            run.took(self._one("prune_archive" if archive else "prune", params))
             if progress is not None:
                 progress(*run.progress)
         return run.removed
 
     # -- internals -------------------------------------------------------------------
+    def _one(
+        self,
+        name: str,
+        params: dict[str, Any],
+        conn: psycopg.Connection | None = None,
+        *,
+        prepare: bool | None = None,
+    ) -> tuple[Any, ...] | None:
+        return (self._run(name, params, conn, prepare=prepare)).fetchone()
+
+    def _all(
+        self,
+        name: str,
+        params: dict[str, Any],
+        conn: psycopg.Connection | None = None,
+        *,
+        prepare: bool | None = None,
+    ) -> list[tuple[Any, ...]]:
+        return (self._run(name, params, conn, prepare=prepare)).fetchall()
+
     def _run(
         self,
         name: str,
@@ -580,13 +588,14 @@ class Queue:
         conn: psycopg.Connection | None = None,
         *,
         prepare: bool | None = None,
-    ) -> psycopg.Cursor:
+    ) -> Cursor:
+        """Send statement ``name``: prepared unless behind PgBouncer, a utility statement,
+        or told (``prepare_many``); a driver error mapped to pgqueue's one-line errors."""
+        if prepare is None:
+            prepare = self._prepare and name not in _NOT_PREPARED
         try:
-            return own_cursor(conn or self.conn).execute(
-                statements.query(name),
-                params,
-                prepare=self._prepare if prepare is None else prepare,
-            )
+            query = statements.query(name)
+            return own_cursor(conn or self.conn).execute(query, params, prepare=prepare)
         except psycopg.Error as exc:
             mapped = pgqueue_error(exc, name)
             if mapped is None:

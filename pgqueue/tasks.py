@@ -30,8 +30,8 @@ import psycopg
 
 from . import defaults
 from .errors import BadInput
+from .inputs import MAX_BACKOFF, MAX_LEASE, checked_group, checked_queue_name, checked_seconds
 from .job import Job
-from .params import MAX_BACKOFF, MAX_LEASE, checked_group, checked_queue_name, checked_seconds
 from .periodic import Schedule
 from .queue import Queue
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from conftest import rows
 from pgqueue import BadInput, ConnectError, NotInstalled, Queue, Worker, cli
-from pgqueue.params import MAX_ATTEMPTS, MAX_BACKOFF, MAX_LEASE
+from pgqueue.inputs import MAX_ATTEMPTS, MAX_BACKOFF, MAX_LEASE
 
 FUZZ = settings(
     max_examples=30,

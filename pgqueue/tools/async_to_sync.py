@@ -24,34 +24,44 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent
 
-# source -> generated, inside the package
-PAIRS = {"async_job.py": "job.py"}
-
 # Names the sync face calls otherwise (whole tokens: names in code, words in strings).
 NAMES = {
+    "AsyncQueue": "Queue",
     "AsyncJob": "Job",
     "AsyncConnection": "Connection",
     "AsyncCursor": "Cursor",
     "AsyncIterator": "Iterator",
     "asynccontextmanager": "contextmanager",
+    "__aenter__": "__enter__",
+    "__aexit__": "__exit__",
+    "async_connect": "connect",
     "async_own_cursor": "own_cursor",
     "async_fenced_write": "fenced_write",
     "async_write_answer": "write_answer",
+    "your_async_conn": "your_conn",
+    "async_job": "job",
     "_async_step_run": "_step_run",
-    "asyncio": "threading",
+}
+
+# source -> (generated, names of its own), inside the package
+PAIRS = {
+    "async_job.py": ("job.py", {"asyncio": "threading"}),  # the borrow lock
+    "async_queue.py": ("queue.py", {}),
 }
 
 ASYNC_ONLY = re.compile(r"\s*# async-only\s*$")
 SYNC_LINE = re.compile(r"^(\s*)# sync: (.*?)\s*$")
-WORD = re.compile(r"\b(" + "|".join(map(re.escape, NAMES)) + r")\b")
 HEADER = (
     "# Generated from {source} by `python pgqueue/tools/async_to_sync.py`: edit that file,\n"
     "# then run the command again (make lint fails while the two differ).\n"
 )
 
 
-def convert(source: str, name: str) -> str:
-    """The sync module for async ``source`` (not yet formatted)."""
+def convert(source: str, name: str, own: dict[str, str] | None = None) -> str:
+    """The sync module for async ``source`` (not yet formatted); ``own``: names swapped in
+    this file only, beside ``NAMES``."""
+    names = NAMES | (own or {})
+    word = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
     lines = []
     for line in source.splitlines(keepends=True):
         if ASYNC_ONLY.search(line):
@@ -79,10 +89,10 @@ def convert(source: str, name: str) -> str:
             and nxt.string in ("def", "with", "for")
         ):
             edits.append((start, end + 1, ""))
-        elif tok.type == tokenize.NAME and tok.string in NAMES:
-            edits.append((start, end, NAMES[tok.string]))
+        elif tok.type == tokenize.NAME and tok.string in names:
+            edits.append((start, end, names[tok.string]))
         elif tok.type in (tokenize.STRING, tokenize.COMMENT):
-            words = WORD.sub(lambda m: NAMES[m.group(1)], tok.string)
+            words = word.sub(lambda m: names[m.group(1)], tok.string)
             words = words.replace("await ", "").replace("async with", "with")
             if words != tok.string:
                 edits.append((start, end, words))
@@ -125,9 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="fail if a sync file differs")
     args = parser.parse_args(argv)
     stale = []
-    for source, target in PAIRS.items():
+    for source, (target, own) in PAIRS.items():
         path = PACKAGE / target
-        text = formatted(convert((PACKAGE / source).read_text(encoding="utf-8"), source), path)
+        code = (PACKAGE / source).read_text(encoding="utf-8")
+        text = formatted(convert(code, source, own), path)
         if args.check:
             if path.read_text(encoding="utf-8") != text:
                 stale.append(f"{target} differs from what {source} makes")

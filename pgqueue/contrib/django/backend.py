@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from pgqueue.errors import PgQueueError
 from pgqueue.handlers import describe
-from pgqueue.params import MAX_LEASE
+from pgqueue.inputs import MAX_LEASE
 
 from . import stored
 from .options import BackendOptions

@@ -11,8 +11,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from pgqueue import defaults
 from pgqueue.errors import BadInput
+from pgqueue.inputs import MAX_ATTEMPTS, MAX_BACKOFF, MAX_LEASE, checked_lease, checked_seconds
 from pgqueue.options import whole
-from pgqueue.params import MAX_ATTEMPTS, MAX_BACKOFF, MAX_LEASE, checked_lease, checked_seconds
 
 KEYS = ("DSN", "LEASE", "MAX_ATTEMPTS", "BACKOFF", "TIMEOUT", "IMMEDIATE")
 

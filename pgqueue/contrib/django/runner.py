@@ -29,8 +29,8 @@ from django.utils.json import normalize_json
 
 from pgqueue.errors import BadInput, GiveUp, LeaseLost
 from pgqueue.handlers import describe
+from pgqueue.inputs import result_text
 from pgqueue.job import Job
-from pgqueue.params import result_text
 from pgqueue.queue import Queue
 from pgqueue.steps import StepState
 

@@ -83,7 +83,7 @@ class OwnStore(Store):
                 yield Queue(conn)
             return
         queue: Queue | None = getattr(self._local, "queue", None)
-        if queue is None or queue.conn.closed or queue.conn.broken:
+        if queue is None or queue.closed or queue.conn.broken:
             queue = self._local.queue = Queue(connect(self.dsn, application_name="pgqueue django"))
         yield queue
 
