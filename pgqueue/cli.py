@@ -174,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port",
         type=int,
         metavar="N",
-        help="serve Prometheus metrics on port N at /metrics (needs pgqueue[metrics])",
+        help="serve Prometheus metrics on port N at /metrics (needs prometheus-client, the "
+        "metrics extra)",
     )
 
     command("reap", cmd_reap, "return jobs with expired leases to the queue (or mark them dead)")
