@@ -64,6 +64,7 @@ demo: setup
 lint: setup
 	$(VENV)/bin/ruff check pgqueue tests notebooks
 	$(VENV)/bin/ruff format --check pgqueue tests notebooks
+	$(VENV)/bin/actionlint .github/workflows/*.yml
 
 format: setup
 	$(VENV)/bin/ruff format pgqueue tests notebooks
