@@ -57,6 +57,7 @@ def test_each_database_is_its_own_and_goes_away(pgqueue_databases: Databases) ->
     pgqueue_databases.drop(second)
 
 
+@pytest.mark.slow  # starts an embedded server of its own
 def test_a_user_s_pytest_run_gets_the_fixtures_on_a_throwaway_embedded_server(
     tmp_path: Path,
 ) -> None:
