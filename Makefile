@@ -22,10 +22,16 @@ $(STAMP): pyproject.toml
 	@echo "make setup: done. Next: make demo (the story in the terminal), make course (JupyterLab)"
 
 ## make test: library tests, fault tests and every notebook (nbval), on a throwaway server;
-## then the Django backend's tests (make test-django)
+## then the Django backend's tests (make test-django), whether or not the first part passed.
+## It says how each part went and fails if either did.
+PYTEST_ALL   = $(PY) -m pytest -n 2 --dist loadfile --nbval --nbval-sanitize-with notebooks/sanitize.cfg tests notebooks
+DJANGO_SUITE = bash .ci/django-suite
 test: setup
-	$(PY) -m pytest -n 2 --dist loadfile --nbval --nbval-sanitize-with notebooks/sanitize.cfg tests notebooks
-	bash .ci/django-suite
+	@echo '$(PYTEST_ALL)'; $(PYTEST_ALL); pytest=$$?; \
+	echo '$(DJANGO_SUITE)'; $(DJANGO_SUITE); django=$$?; \
+	verdict() { if [ "$$1" = 0 ]; then echo passed; else echo "FAILED (exit $$1)"; fi; }; \
+	echo "make test: tests and notebooks $$(verdict $$pytest); Django tests $$(verdict $$django)"; \
+	[ "$$pytest" = 0 ] && [ "$$django" = 0 ]
 
 ## make test-fast: the library tests without the slow process, fault, Binder and browser ones
 test-fast: setup
@@ -61,6 +67,7 @@ lint: setup
 	$(VENV)/bin/ruff check pgqueue tests notebooks
 	$(VENV)/bin/ruff format --check pgqueue tests notebooks
 	$(PY) pgqueue/tools/async_to_sync.py --check
+	$(VENV)/bin/actionlint .github/workflows/*.yml
 
 format: setup
 	$(PY) pgqueue/tools/async_to_sync.py
@@ -74,4 +81,4 @@ clean:
 ## in .venv-django (Django 6 needs Python >= 3.12: skipped with a message where none is found)
 .PHONY: test-django
 test-django:
-	bash .ci/django-suite
+	$(DJANGO_SUITE)

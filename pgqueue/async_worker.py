@@ -24,7 +24,7 @@ from .errors import BadInput
 from .events import EventLog
 from .handlers import is_coroutine_function
 from .tasks import Tasks
-from .worker import Face, log_signal
+from .worker import Face, counted, log_signal
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -76,8 +76,8 @@ class AsyncWorker(Face):
     async def start(self) -> AsyncWorker:
         """Check the database (a bad DSN or a missing table fails here), start the engine
         on the running loop and return."""
-        what = f"{self.options.concurrency} handlers at once"
-        await self.engine.start(self._banner(what) + " (asyncio)")
+        what = counted(self.options.concurrency, "handler") + " at once (asyncio)"
+        await self.engine.start(self._banner(what))
         return self
 
     async def join(self, timeout: float | None = None) -> None:

@@ -63,6 +63,24 @@ def _fail(args: argparse.Namespace, error: object, code: int) -> int:
     return code
 
 
+class DefaultsHelp(argparse.HelpFormatter):
+    """Help that shows each option's default (``--lease ... (default: 30.0)``), unless its
+    text already says it or there is none to show (None, a flag's False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or not action.option_strings
+            or default is None
+            or default is False
+            or default is argparse.SUPPRESS
+        ):
+            return text
+        return text + " (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pgqueue",
@@ -82,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, func: Callable[[argparse.Namespace], int | None], help: str):
-        p = sub.add_parser(name, help=help, description=help)
+        p = sub.add_parser(name, help=help, description=help, formatter_class=DefaultsHelp)
         p.set_defaults(func=func)
         return p
 
@@ -104,8 +122,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = command("enqueue", cmd_enqueue, "add jobs: one JSON object, or one per stdin line")
-    p.add_argument("queue", help="queue name")
+    p.add_argument("queue", nargs="?", help="queue name (or give it with --queue)")
     p.add_argument("payload", nargs="?", help="JSON object; omit to read one per line of stdin")
+    p.add_argument(
+        "--queue",
+        "-q",
+        dest="queue_option",
+        metavar="QUEUE",
+        help="queue name, as `pgqueue worker --queue` takes it (instead of the positional)",
+    )
+    p.set_defaults(usage_error=p.error)  # a queue missing or named twice: usage, exit 2
     p.add_argument("--delay", type=float, default=0.0, help="seconds before the job may run")
     p.add_argument("--max-attempts", type=int, default=5, help="attempts before it goes dead")
     p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
@@ -138,7 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="queue to work on; repeat for several, in order of preference "
         "(default: a registry's queues, else 'default')",
     )
-    p.add_argument("--concurrency", "-c", type=int, default=1, help="threads")
+    p.add_argument(
+        "--concurrency", "-c", type=int, default=1, help="lanes (threads; async: handlers at once)"
+    )
     p.add_argument("--batch", type=int, default=1, help="jobs per claim")
     p.add_argument("--lease", type=float, default=defaults.LEASE, help="lease in seconds")
     p.add_argument(
@@ -157,7 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between reaps",
     )
     p.add_argument(
-        "--timeout", type=float, help="fail a handler running longer than this many seconds"
+        "--timeout",
+        type=float,
+        help="fail a handler running longer than this many seconds (default: no timeout)",
     )
     p.add_argument(
         "--complete-each",
@@ -168,26 +198,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--flush-after",
         type=float,
         default=defaults.FLUSH_AFTER,
-        help="seconds a finished job may wait for its batch's completion (default %(default)s)",
+        help="seconds a finished job may wait for its batch's completion",
     )
     p.add_argument("--no-listen", action="store_true", help="poll only, no LISTEN/NOTIFY")
     p.add_argument(
         "--listen-dsn", help="a direct connection for LISTEN (with --pgbouncer); else polling"
     )
     p.add_argument("--burst", action="store_true", help="exit when no runnable job is left")
-    p.add_argument("--name", default=f"worker-{os.getpid()}", help="name in logs and events")
+    p.add_argument(
+        "--name",
+        default=f"worker-{os.getpid()}",
+        help="name in logs and events (default: worker-<its process id>)",
+    )
     p.add_argument(
         "--processes",
         type=int,
         default=1,
         help="worker processes, each with --concurrency threads, under one supervisor that "
-        "forwards signals and restarts one that dies (default 1: this process, no supervisor)",
+        "forwards signals and restarts one that dies; 1: this process, no supervisor",
     )
     p.add_argument(
         "--metrics-port",
         type=int,
         metavar="N",
-        help="serve Prometheus metrics on port N at /metrics (needs pgqueue[metrics])",
+        help="serve Prometheus metrics on port N at /metrics (needs prometheus-client, the "
+        "metrics extra)",
     )
     p.add_argument(
         "--metrics-addr",
@@ -267,9 +302,36 @@ def cmd_init(args: argparse.Namespace) -> None:
     print("jobs table ready" + ("" if done.notify else " (no NOTIFY: workers poll)"))
 
 
+def enqueue_target(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The queue and the payload (None: read stdin) of ``pgqueue enqueue``, from the queue
+    given positionally (as before) or with ``--queue`` (as ``worker`` takes it). With
+    ``--queue``, a lone positional is the payload, unless it names the same queue."""
+    given, first, second = args.queue_option, args.queue, args.payload
+    if given is None:
+        if first is None:
+            raise UsageError("name the queue: pgqueue enqueue QUEUE [PAYLOAD] (or --queue QUEUE)")
+        return first, second
+    if first is None or second is not None or first == given:
+        if first is not None and first != given:
+            raise UsageError(
+                f"the queue is named twice, differently: {first!r} and --queue {given!r}; "
+                "give it once"
+            )
+        return given, second
+    if first.lstrip().startswith(("{", "[", '"')):
+        return given, first  # the payload: --queue named the queue
+    raise UsageError(
+        f"the queue is named twice, differently: {first!r} and --queue {given!r}; give it once"
+    )
+
+
 def cmd_enqueue(args: argparse.Namespace) -> None:
-    if args.payload is not None:
-        payloads = [_parse_json(args.payload, "payload")]
+    try:
+        queue_name, payload = enqueue_target(args)
+    except UsageError as exc:
+        args.usage_error(str(exc))  # prints the command's usage and exits 2
+    if payload is not None:
+        payloads = [_parse_json(payload, "payload")]
     else:
         payloads = []
         for number, raw in enumerate(sys.stdin.buffer, start=1):
@@ -286,7 +348,7 @@ def cmd_enqueue(args: argparse.Namespace) -> None:
     with _queue(args) as q:
         ids = q.enqueue_many(
             payloads,
-            queue=args.queue,
+            queue=queue_name,
             delay=args.delay,
             max_attempts=args.max_attempts,
             priority=args.priority,
@@ -294,7 +356,7 @@ def cmd_enqueue(args: argparse.Namespace) -> None:
             group=args.group,
         )
     print(
-        f"enqueued {len(ids)} job(s) on {args.queue!r}"
+        f"enqueued {len(ids)} job(s) on {queue_name!r}"
         + (f": id {ids[0]}" if len(ids) == 1 else "")
     )
 
@@ -417,12 +479,12 @@ def cmd_worker(args: argparse.Namespace) -> int | None:
 
         check_port(args.metrics_port, args.metrics_addr)  # in use: one line, before anything starts
     logging.getLogger("pgqueue").setLevel(logging.INFO if args.verbose else logging.WARNING)
-    print(
-        f"{args.name}: {describe_dsn(args.dsn)}; queue {', '.join(worker.queues)}; "
-        f"{args.concurrency} {'handlers at once (asyncio)' if is_async else 'lane(s)'}, "
-        f"batch {args.batch}",
-        file=sys.stderr,
-    )
+    # The worker's first line (the banner) and its notes come from its log, with the time,
+    # -v or not. Its last line, the summary, is this command's output, on stdout: the worker
+    # does not log it as well (with -v both were shown, and the banner twice).
+    logging.getLogger("pgqueue.worker").setLevel(logging.INFO)
+    worker._logs_summary = False
+    worker._where = describe_dsn(args.dsn)
     if isinstance(worker, AsyncWorker):
         asyncio.run(worker.run())
     else:

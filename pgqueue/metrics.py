@@ -53,7 +53,8 @@ def needs_client() -> None:
         import prometheus_client  # noqa: F401
     except ImportError:
         raise BadInput(
-            "metrics_port needs prometheus-client: pip install 'pgqueue[metrics]'"
+            "metrics_port needs prometheus-client: pip install prometheus-client "
+            '(or pip install -e ".[metrics]" in your pgqueue clone)'
         ) from None
 
 

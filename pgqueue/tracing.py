@@ -3,9 +3,10 @@ handler run, with the messaging attributes, current while the handler runs (so i
 spans are its children), marked as an error when the handler raises (a timed-out async
 handler's cancellation too).
 
-Nothing at all without ``opentelemetry-api`` (``pip install 'pgqueue[otel]'``), or while
-no tracer provider is configured when the worker starts: then a job costs one call of
-``no_span`` and no span is made. ``opentelemetry`` is imported only when a worker starts.
+Nothing at all without ``opentelemetry-api`` (``pip install -e ".[otel]"`` in the pgqueue
+clone), or while no tracer provider is configured when the worker starts: then a job costs
+one call of ``no_span`` and no span is made. ``opentelemetry`` is imported only when a
+worker starts.
 """
 
 from __future__ import annotations

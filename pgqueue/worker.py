@@ -35,9 +35,14 @@ if TYPE_CHECKING:
 
 Handler = Callable[[Job], Any]
 
-__all__ = ["Face", "Handler", "Worker"]
+__all__ = ["Face", "Handler", "Worker", "counted"]
 
 _COUNTERS = frozenset({"done", "failed", "dead", "timed_out", "rejected", "gave_up", "error"})
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 lane``, ``4 lanes``: a count with its noun in the right number."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 class Face:
@@ -47,6 +52,12 @@ class Face:
 
     options: WorkerOptions
     engine: Engine
+    # Whether run() logs its summary: the CLI prints it on stdout as its result instead
+    # (logged too, a terminal showed it twice).
+    _logs_summary: bool = True
+    # Where the banner says the database came from; None: from the resolved DSN. The CLI
+    # says which setting named it (PGQUEUE_DSN, ...), which the resolved DSN no longer tells.
+    _where: str | None = None
 
     def _make(self, handler: Any, events: EventLog | None, options: WorkerKeywords) -> None:
         self.options = WorkerOptions.of(handler, **options)
@@ -92,8 +103,9 @@ class Face:
 
     def _banner(self, what: str) -> str:
         o = self.options
+        where = self._where or describe_dsn(o.dsn)
         return (
-            f"{o.name}: {describe_dsn(o.dsn)}; queues {', '.join(o.queues)}; {what}, "
+            f"{o.name}: {where}; queues {', '.join(o.queues)}; {what}, "
             f"batch {o.batch}, lease {o.lease:g}s"
         )
 
@@ -113,7 +125,7 @@ class Face:
             try:
                 yield
             finally:
-                if self.engine.phase != Phase.NEW:  # it started: say how it went
+                if self.engine.phase != Phase.NEW and self._logs_summary:  # say how it went
                     log.info("%s", self._summary())
 
     # -- seams: no-ops here; the course's FaultyWorker (pgqueue.course.faults) freezes
@@ -173,7 +185,7 @@ class Worker(Face):
     def _serve(self, started: concurrent.futures.Future[None]) -> None:
         loop = asyncio.new_event_loop()
         try:
-            banner = self._banner(f"{self.options.concurrency} lanes")
+            banner = self._banner(counted(self.options.concurrency, "lane"))
             try:
                 loop.run_until_complete(self.engine.start(banner))
             except BaseException as exc:

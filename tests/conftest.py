@@ -21,6 +21,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from pgqueue import EmbeddedServer, Queue
+from pgqueue.testing import Databases
 
 TEMPLATE = "pgqueue_test_template"
 
@@ -111,3 +112,11 @@ def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condi
             return result
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@pytest.fixture(scope="session")
+def pgqueue_databases(admin_dsn: str) -> Iterator[Databases]:
+    """pgqueue.testing's databases on this session's test server (the plugin would start
+    an embedded server of its own): tests/test_testing_helpers.py uses its fixtures."""
+    with Databases(admin_dsn) as databases:
+        yield databases

@@ -793,22 +793,50 @@ def test_handlers_borrow_at_most_connections_and_never_sit_in_a_transaction(
     assert errors["aborted"].startswith("DivisionByZero"), errors
     assert errors["closed"].startswith("RuntimeError"), errors
     assert rows(dsn, "SELECT count(*) FROM side") == [(0,)]
-    # claims, writes, keeper, listener, and at most 4 lent to the 20 handlers at once
-    assert 5 <= max(most) <= 4 + 4, most
+    # claims, writes, keeper, listener, and at most 4 lent to the 20 handlers at once (an
+    # upper bound only: how many a sample catches at once depends on timing)
+    assert 1 <= max(most) <= 4 + 4, most
 
 
-def test_completions_go_in_one_statement_per_batch(queue: Queue, dsn: str) -> None:
+def test_completions_go_in_one_statement_per_batch(
+    queue: Queue, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each claimed batch's completions go out together, in one statement, once the batch is
+    over. Not a count of statements: how many claims a run makes depends on timing (an
+    async worker claims whatever fits; `<= 4` statements failed at 5 under load)."""
     queue.enqueue_many([{"n": i} for i in range(20)], queue="q")
+    claimed: list[set[int]] = []  # each claim's job ids
+    completed: list[set[int]] = []  # each complete_many statement's
+    real_claim, real_complete_many = AsyncQueue.claim, AsyncQueue.complete_many
+
+    async def claim(self: AsyncQueue, *args: Any, **kwargs: Any) -> list[AsyncJob]:
+        jobs = await real_claim(self, *args, **kwargs)
+        if jobs:
+            claimed.append({job.id for job in jobs})
+        return jobs
+
+    async def complete_many(self: AsyncQueue, jobs: Any, *args: Any, **kwargs: Any) -> Any:
+        completed.append({job.id for job in jobs})
+        return await real_complete_many(self, jobs, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncQueue, "claim", claim)
+    monkeypatch.setattr(AsyncQueue, "complete_many", complete_many)
 
     async def main() -> AsyncWorker:
-        w = await worker(noop, dsn, concurrency=5, batch=5, burst=True).start()
+        # flush_after=60: only a batch's end sends completions (the timed flush, which
+        # takes whatever waited, never comes within the run)
+        w = worker(noop, dsn, concurrency=5, batch=5, burst=True, flush_after=60)
+        await w.start()
         await w.join(timeout=20)
         await w.stop(grace=2)
         return w
 
     w = run(main())
     assert statuses(dsn) == {"done": 20} and w.done == 20
-    assert rows(dsn, "SELECT count(DISTINCT xmin::text) FROM jobs")[0][0] <= 4
+    assert sorted(i for ids in completed for i in ids) == sorted(i for ids in claimed for i in ids)
+    for batch in claimed:  # one statement holds the whole batch: it was never split
+        holding = [ids for ids in completed if ids & batch]
+        assert len(holding) == 1 and batch <= holding[0], (batch, completed)
 
 
 def test_a_fast_job_is_not_held_behind_a_slow_sibling(queue: Queue, dsn: str) -> None:

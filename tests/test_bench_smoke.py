@@ -340,3 +340,18 @@ def test_drivers_measures_each_driver_and_the_hop(small: Bench) -> None:
         )
     assert rows[0]["cpu_ratio_to_sync"] == 1.0
     assert all(r["per"] == "job" and r["jobs_per_s_median"] > 0 for r in rows[:3])
+
+
+def test_the_quick_look_runs_fewer_limit_cases_than_the_full_run() -> None:
+    # The limit bench ignored --quick: its eight cases were a fifth of `bench --quick`.
+    quick, full = bench.limit_cases(quick=True), bench.limit_cases()
+    assert 0 < len(quick) < len(full)
+    assert {c.case for c in quick} == {c.case for c in full}  # every case, at one batch
+
+
+def test_a_run_says_how_long_the_full_run_takes() -> None:
+    from pgqueue.tools.bench.cli import FULL_TAKES, how_long
+
+    assert FULL_TAKES in how_long(quick=True) and "without --quick" in how_long(quick=True)
+    assert how_long(quick=True, took=97.4).startswith("quick look took 97 s")
+    assert "--quick takes" in how_long(quick=False, took=900)

@@ -161,6 +161,78 @@ def test_a_bad_option_is_one_line_naming_its_key(
     assert "\n" not in str(raised.value)
 
 
+# -- pgqueue.W001: a task database outside Django's transactions ---------------------------
+OURS = "pgqueue.contrib.django.TaskBackend"
+
+# What `django-admin startproject` writes, plus the backend as docs/django.md sets it up.
+STARTPROJECT_SETTINGS = """
+from pathlib import Path
+BASE_DIR = Path(__file__).resolve().parent
+SECRET_KEY = "not a secret"
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "pgqueue.contrib.django"]
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": BASE_DIR / "db.sqlite3"}}
+TASKS = {"default": {"BACKEND": "pgqueue.contrib.django.TaskBackend", "QUEUES": ["default"]}}
+USE_TZ = True
+"""
+
+
+def test_startproject_s_sqlite_is_warned_about_by_manage_py_check(tmp_path: Path) -> None:
+    (tmp_path / "mysite_settings.py").write_text(STARTPROJECT_SETTINGS)
+    env = {k: v for k, v in os.environ.items() if k not in ("PGQUEUE_DSN", "DATABASE_URL")}
+    env |= {"PYTHONPATH": str(tmp_path), "DJANGO_SETTINGS_MODULE": "mysite_settings"}
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr  # a warning: the project still runs
+    said = done.stdout + done.stderr
+    assert "(pgqueue.W001)" in said, said
+    assert "is not part of transaction.atomic()" in said and "sqlite" in said
+    assert "HINT: Make DATABASES['default'] PostgreSQL with psycopg 3" in said
+
+
+def test_a_project_on_postgresql_without_a_dsn_is_not_warned(db: str) -> None:
+    done = manage(db, "check")
+    assert done.returncode == 0, done.stderr
+    assert "pgqueue.W001" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    "vendor,psycopg3,options,said",
+    [
+        ("sqlite", False, {}, "Django's default database is sqlite, so the tasks go to "),
+        ("postgresql", True, {"DSN": "host=/elsewhere dbname=tasks"}, "OPTIONS['DSN'] names"),
+        ("postgresql", False, {}, "through psycopg 2, not psycopg 3"),
+    ],
+    ids=["sqlite", "a DSN of its own", "psycopg 2"],
+)
+def test_w001_says_why_enqueue_is_outside_the_transaction(
+    project: str, vendor: str, psycopg3: bool, options: dict[str, Any], said: str
+) -> None:
+    from pgqueue.contrib.django.checks import task_database_warnings
+
+    tasks = {
+        "jobs": {"BACKEND": OURS, "OPTIONS": options},
+        "other": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"},
+    }
+    [warning] = task_database_warnings(tasks, vendor=vendor, psycopg3=psycopg3)
+    assert warning.id == "pgqueue.W001" and warning.obj == "TASKS['jobs']"
+    assert said in warning.msg and "rolls back still runs" in warning.msg
+    assert "SILENCED_SYSTEM_CHECKS" in (warning.hint or "")
+    assert "\n" not in warning.msg
+
+
+def test_w001_is_quiet_where_enqueue_joins_django_s_transaction(project: str) -> None:
+    from pgqueue.contrib.django.checks import task_database_warnings
+
+    tasks = {"default": {"BACKEND": OURS, "OPTIONS": {"MAX_ATTEMPTS": 3}}}
+    assert task_database_warnings(tasks, vendor="postgresql", psycopg3=True) == []
+
+
 def test_every_feature_is_supported_and_the_migration_installed_pgqueue(db: str) -> None:
     from django.tasks import default_task_backend
 

@@ -77,3 +77,28 @@ def test_django_s_own_task_suite_passes_but_the_listed_tests(admin_dsn: str) -> 
     assert failing == set(EXPECTED), done.stdout[-6000:]
     passed = [name for name, verdict in verdicts.items() if verdict == "ok"]
     assert len(passed) == len(verdicts) - len(EXPECTED)
+
+
+def test_a_test_line_glued_after_django_s_migrations_output_still_counts() -> None:
+    # As seen in `make test-django`: the buffered stdout ("Applying sites.0002...") landed in
+    # front of a test's line on stderr, and the parser counted 75 tests of 76.
+    name = "pgqueue_tasks.test_x.PgQueueTaskTestCase.test_enqueue_task"
+    output = "\n".join(
+        [
+            "test_call (pgqueue_tasks.test_x.PgQueueTaskTestCase.test_call) ... ok",
+            f"  Applying sites.0002_alter_domain_unique...test_enqueue_task ({name}) ... ok",
+            f"  Applying sites.0002_alter_domain_unique... OKtest_enqueue_task ({name}) ... ok",
+            "Ran 2 tests in 0.1s",
+        ]
+    )
+    verdicts = suite.outcomes(output)
+    assert verdicts == {
+        "PgQueueTaskTestCase.test_call": "ok",
+        "PgQueueTaskTestCase.test_enqueue_task": "ok",
+    }
+    assert suite.ran(output) == len(verdicts)
+
+
+def test_the_suite_runs_with_unbuffered_output() -> None:
+    env = suite.suite_env("host=/nowhere")
+    assert env["PYTHONUNBUFFERED"] == "1" and env["PGQUEUE_SUITE_DSN"] == "host=/nowhere"

@@ -10,3 +10,6 @@ class PgQueueConfig(AppConfig):
     name = "pgqueue.contrib.django"
     label = "pgqueue"
     verbose_name = "pgqueue"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401  (registers pgqueue.W001: docs/django.md)

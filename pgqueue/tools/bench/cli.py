@@ -73,6 +73,24 @@ BENCHMARKS = (
 )
 
 
+# How long a run takes on the 2-core machine of data/ (a shared VM): said when a run
+# begins and ends, so a quick look tells what the full run would cost.
+QUICK_TAKES = "under 2 minutes"
+FULL_TAKES = "about 16 minutes"
+
+
+def how_long(quick: bool, took: float | None = None) -> str:
+    """One line saying how long this run took (or takes) and what the full run takes."""
+    took_text = f"took {took:.0f} s" if took is not None else f"takes {QUICK_TAKES}"
+    if quick:
+        return (
+            f"quick look {took_text} on 2 cores; the full run (without --quick: more "
+            f"configurations, jobs and repeats) takes {FULL_TAKES}"
+        )
+    took_text = f"took {took:.0f} s" if took is not None else f"takes {FULL_TAKES}"
+    return f"full run {took_text} on 2 cores; --quick takes {QUICK_TAKES}"
+
+
 def default_out(now: datetime | None = None) -> Path:
     """A new directory for one run's files, outside the working tree: under
     ``$PGQUEUE_BENCH_DIR`` if set, else ``$XDG_CACHE_HOME/pgqueue/bench`` (default
@@ -210,7 +228,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Run the benchmarks on a throwaway embedded server (or --dsn) and write "
         "CSV files with the machine's description under --out.",
     )
-    parser.add_argument("--quick", action="store_true", help="fewer configs and jobs (< 2 min)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"fewer configs and jobs ({QUICK_TAKES} on 2 cores; the full run {FULL_TAKES})",
+    )
     parser.add_argument(
         "--only",
         default=",".join(BENCHMARKS),
@@ -237,10 +259,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}")
     started = time.perf_counter()
+    print(how_long(args.quick))
     with bench_server(args.dsn, durable=not args.no_fsync) as bench:
         bench.quick = args.quick
         bench.repeats = args.repeats or (2 if args.quick else 3)
         bench.progress = not args.no_progress
         run(bench, [b for b in BENCHMARKS if b in only], args.out)
-    print(f"\ntotal {time.perf_counter() - started:.0f} s")
+    print(f"\n{how_long(args.quick, time.perf_counter() - started)}")
     return 0

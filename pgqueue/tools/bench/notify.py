@@ -114,7 +114,7 @@ def bench_notify(
     repeats: int | None = None,
 ) -> list[dict[str, Any]]:
     """Enqueue throughput with and without the NOTIFY trigger, per method and producers."""
-    seconds = seconds or (0.7 if bench.quick else 2.0)
+    seconds = seconds or (0.5 if bench.quick else 2.0)
     repeats = repeats or bench.repeats
     dsns = {"on": bench.database("bench_notify_on"), "off": bench.database("bench_notify_off")}
     with Queue(dsns["off"]) as q:
