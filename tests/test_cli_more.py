@@ -95,7 +95,7 @@ def test_worker_on_two_queues_with_a_timeout_and_a_summary(dsn: str, tmp_path: P
     )
     assert result.returncode == 0, result.stderr
     assert "w: 1 done, 2 failed attempts (2 now dead, 1 timed out)" in result.stdout, result.stderr
-    assert "queue a, b" in result.stderr.splitlines()[0]  # the first line: where and what
+    assert "queues a, b" in result.stderr.splitlines()[0]  # the first line: where and what
     failures = [line for line in result.stderr.splitlines() if "failed, attempt" in line]
     assert len(failures) == 2, result.stderr
     assert rows(dsn, "SELECT status, count(*) FROM jobs GROUP BY 1 ORDER BY 1") == [

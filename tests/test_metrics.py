@@ -327,7 +327,10 @@ def test_without_prometheus_client_a_metrics_port_is_one_line(
     dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import fails
-    with pytest.raises(BadInput, match=r"pip install 'pgqueue\[metrics\]'$"):
+    with pytest.raises(
+        BadInput,
+        match=r'prometheus-client \(or pip install -e "\.\[metrics\]" in your pgqueue clone\)$',
+    ):
         Worker(lambda job: None, dsn=dsn, metrics_port=0)
     Worker(lambda job: None, dsn=dsn)  # without a port the package is never imported
 
