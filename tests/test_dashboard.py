@@ -503,3 +503,11 @@ def test_a_port_in_use_is_one_line(dsn: str) -> None:
     assert done.stderr.strip().splitlines()[-1] == (
         f"pgqueue dashboard: port {port} is in use: choose another with --port"
     )
+
+
+def test_a_filter_goes_back_into_its_query_string_unchanged() -> None:
+    from pgqueue.contrib.dashboard.filters import jobs_filter
+
+    args = {"queue": "a", "status": "dead", "key": "k", "q": "blue"}
+    assert jobs_filter(args).query() == args
+    assert jobs_filter({}).empty

@@ -52,8 +52,9 @@ class Filter:
         }
 
     def query(self) -> dict[str, str]:
-        """The filter as a page's query string (only what is set)."""
-        return {name: value for name, value in self.__dict__.items() if value is not None}
+        """The filter as a page's query string (only what is set; the text is ``q``)."""
+        named = {"queue": self.queue, "status": self.status, "key": self.key, "q": self.text}
+        return {name: value for name, value in named.items() if value is not None}
 
     @property
     def empty(self) -> bool:

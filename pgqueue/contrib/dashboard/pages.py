@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
 from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -24,8 +25,11 @@ def e(value: object) -> str:
     return escape("" if value is None else str(value), quote=True)
 
 
-def page(title: str, body: str, *, base: str, read_only: bool, live: str | None = None) -> str:
-    """A whole page around ``body``; ``live``: the fragment that refreshes its ``main``."""
+def page(
+    title: str, body: str, *, base: str, read_only: bool, live: str | None = None, head: str = ""
+) -> str:
+    """A whole page: ``head``, then ``body``, which the fragment ``live`` (if any) replaces
+    every few seconds."""
     mode = (
         '<span class="tag">read-only</span>'
         if read_only
@@ -43,8 +47,16 @@ def page(title: str, body: str, *, base: str, read_only: bool, live: str | None 
 <header><strong>pgqueue</strong> <a href="./">Overview</a> <a href="jobs">Jobs</a>
 <span class="grow"></span>{mode}</header>
 <div id="said" role="status"></div>
-<main{fragment}>{body}</main>
+<main>{head}<div id="live"{fragment}>{body}</div></main>
 </body></html>"""
+
+
+def when(value: str | None) -> str:
+    """A time from the database as UTC, to the second (the full value in a tooltip)."""
+    if not value:
+        return ""
+    t = datetime.fromisoformat(value).astimezone(timezone.utc)
+    return f'<time datetime="{e(value)}" title="{e(value)}">{t:%Y-%m-%d %H:%M:%S}</time>'
 
 
 def seconds(value: float | None) -> str:
@@ -230,15 +242,15 @@ def _schedules(data: dict[str, Any], read_only: bool) -> str:
     rows = []
     for s in data["schedules"]:
         late = s["late_s"]
-        when = (
+        due = (
             ""
             if late is None
             else (f"in {seconds(-late)}" if late <= 0 else f"{seconds(late)} ago")
         )
         rows.append(
             f"<tr><td>{e(s['name'])}</td><td>{e(s['spec'])}</td><td>{e(s['queue'])}</td>"
-            f'<td>{e(s["last_slot"])}</td><td>{e(s["next_slot"])} <span class="muted">'
-            f"{when}</span></td><td>"
+            f'<td>{when(s["last_slot"])}</td><td>{when(s["next_slot"])} <span class="muted">'
+            f"{due}</span></td><td>"
             + button(
                 f"api/schedules/{quote(s['name'], safe='')}/run",
                 "run now",
@@ -274,13 +286,8 @@ def _limits(data: dict[str, Any]) -> str:
 
 
 # -- the jobs list -------------------------------------------------------------------------
-def jobs(
-    chosen: Filter,
-    found: list[dict[str, Any]],
-    more: bool,
-    queues: list[str],
-    read_only: bool,
-) -> str:
+def jobs_head(chosen: Filter, queues: list[str], read_only: bool) -> str:
+    """The jobs page's filter form and bulk buttons (they stay while the list refreshes)."""
     options = "".join(
         f'<option value="{s}"{" selected" if chosen.status == s else ""}>{s}</option>'
         for s in ("", *STATUSES)
@@ -308,11 +315,16 @@ def jobs(
         for name, statuses in ACTIONS.items()
         if chosen.status is None or chosen.status in statuses
     )
+    return "<h1>Jobs</h1>" + form + (f'<p class="bulk">{bulk}</p>' if bulk else "")
+
+
+def jobs(chosen: Filter, found: list[dict[str, Any]], more: bool) -> str:
+    """The jobs page's list: one page of jobs and the link to the next."""
     rows = [
         f'<tr data-id="{j["id"]}"><td><a href="jobs/{j["id"]}">#{j["id"]}</a></td>'
         f'<td>{e(j["queue"])}</td><td class="status {e(j["status"])}">{e(j["status"])}</td>'
         f'<td class="n">{j["attempts"]}/{j["max_attempts"]}</td><td class="n">{j["fence"]}</td>'
-        f"<td>{e(j['key'])}</td><td>{e(j['finished_at'] or j['run_at'])}</td>"
+        f"<td>{e(j['key'])}</td><td>{when(j['finished_at'] or j['run_at'])}</td>"
         f'<td class="payload">{HIDDEN if j["payload"] is None else e(j["payload"])}</td>'
         f'<td class="err">{e(j["last_error"])}</td></tr>'
         for j in found
@@ -322,10 +334,7 @@ def jobs(
         after = urlencode(chosen.query() | {"before": found[-1]["id"]})
         older = f'<p><a rel="next" href="jobs?{e(after)}">older jobs</a></p>'
     return (
-        "<h1>Jobs</h1>"
-        + form
-        + (f'<p class="bulk">{bulk}</p>' if bulk else "")
-        + table(
+        table(
             [
                 "job",
                 "queue",
@@ -365,16 +374,17 @@ def job(j: dict[str, Any], read_only: bool, hidden: bool) -> str:
         ("priority", e(j["priority"])),
         ("key", e(j["key"])),
         ("group", e(j["group_key"])),
-        ("run at", e(j["run_at"])),
-        ("started", e(j["started_at"])),
-        ("finished", e(j["finished_at"])),
-        ("lease until", e(j["lease_until"])),
+        ("run at", when(j["run_at"])),
+        ("started", when(j["started_at"])),
+        ("finished", when(j["finished_at"])),
+        ("lease until", when(j["lease_until"])),
     ]
     if "left_s" in j:
         fields.append(("lease", lease_bar(j["id"], j["fence"], j["left_s"])))
     rows = "".join(f"<tr><th>{name}</th><td>{value}</td></tr>" for name, value in fields)
     steps = [
-        f'<tr><td>{e(s["name"])}</td><td class="n">{s["fence"]}</td><td>{e(s["written_at"])}</td>'
+        f'<tr><td>{e(s["name"])}</td><td class="n">{s["fence"]}</td>'
+        f"<td>{when(s['written_at'])}</td>"
         f"<td>{_block(s['output'], hidden)}</td></tr>"
         for s in j["steps"]
     ]

@@ -61,10 +61,15 @@ class Dashboard:
 
     # -- pages ------------------------------------------------------------------------
     def _page(
-        self, request: Request, title: str, body: str, live_at: str | None = None
+        self,
+        request: Request,
+        title: str,
+        body: str,
+        live_at: str | None = None,
+        head: str = "",
     ) -> Response:
         base = request.scope.get("root_path", "").rstrip("/")
-        html = pages.page(title, body, base=base, read_only=self.read_only, live=live_at)
+        html = pages.page(title, body, base=base, read_only=self.read_only, live=live_at, head=head)
         return HTMLResponse(html)
 
     async def overview_page(self, request: Request) -> Response:
@@ -78,8 +83,13 @@ class Dashboard:
         chosen, found, more = await self._jobs(request)
         await self.store.look()
         known = sorted(self.store.looks.kept[-1].queues) if self.store.looks.kept else []
-        body = pages.jobs(chosen, found, more, known, self.read_only)
-        return self._page(request, "Jobs", body)
+        head = pages.jobs_head(chosen, known, self.read_only)
+        live_at = f"fragment/jobs?{request.url.query}" if request.url.query else "fragment/jobs"
+        return self._page(request, "Jobs", pages.jobs(chosen, found, more), live_at, head)
+
+    async def jobs_fragment(self, request: Request) -> Response:
+        chosen, found, more = await self._jobs(request)
+        return HTMLResponse(pages.jobs(chosen, found, more))
 
     async def job_page(self, request: Request) -> Response:
         job = await self.store.job(filters.job_id(request.path_params["id"]))
@@ -219,6 +229,7 @@ def build(dashboard: Dashboard, *, hosts: list[str] | None = None) -> Starlette:
         Route("/fragment/overview", d.overview_fragment),
         Route("/jobs", d.jobs_page),
         Route("/jobs/{id}", d.job_page),
+        Route("/fragment/jobs", d.jobs_fragment),
         Route("/fragment/jobs/{id}", d.job_fragment),
         Route("/api/overview", d.api_overview),
         Route("/api/queues", d.api_queues),

@@ -79,7 +79,7 @@
   });
 
   // Live fragments: fetched every POLL_MS, and at once when the server hears a NOTIFY.
-  const live = document.querySelector("main[data-fragment]");
+  const live = document.querySelector("#live[data-fragment]");
   let busy = false;
   async function refresh() {
     if (!live || busy) return;
