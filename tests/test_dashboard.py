@@ -511,3 +511,60 @@ def test_a_filter_goes_back_into_its_query_string_unchanged() -> None:
     args = {"queue": "a", "status": "dead", "key": "k", "q": "blue"}
     assert jobs_filter(args).query() == args
     assert jobs_filter({}).empty
+
+
+def test_the_jupyter_launcher_tile_starts_a_dashboard_with_its_token(
+    dsn: str, queue: Queue
+) -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    assert config["jupyter_serverproxy_servers"] == {
+        "pgqueue-dashboard": "pgqueue.contrib.dashboard.jupyter:server"
+    }
+    from pgqueue.contrib.dashboard import jupyter
+    from pgqueue.contrib.dashboard.background import free_port
+
+    settings = jupyter.server()
+    proxy = pytest.importorskip("jupyter_server_proxy.config")
+    proxy.ServerProcess(name=jupyter.NAME, **settings)  # fields jupyter-server-proxy accepts
+    token = settings["environment"]["PGQUEUE_DASHBOARD_TOKEN"]
+    assert settings["launcher_entry"]["path_info"] == f"pgqueue-dashboard/#token={token}"
+    assert token not in " ".join(settings["command"])  # not on a command line
+
+    # What the proxy runs: the command with its port, the token in the environment.
+    port = free_port()
+    command = [part.replace("{port}", str(port)) for part in settings["command"]]
+    env = os.environ | settings["environment"] | {"PYTHONPATH": str(ROOT), "PGQUEUE_DSN": dsn}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        assert proc.stdout is not None
+        assert f"#token={token}" in proc.stdout.readline().decode()
+        job_id = queue.enqueue({"n": 1}, queue="lab")
+        # The proxy passes on the browser's Host: any is answered here.
+        page = urllib.request.Request(
+            f"http://127.0.0.1:{port}/jobs/{job_id}", headers={"Host": "hub.example:443"}
+        )
+        with urllib.request.urlopen(page, timeout=10) as answer:
+            assert '<base href="../">' in answer.read().decode()  # works under any prefix
+        post = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/jobs/{job_id}/cancel",
+            method="POST",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        with urllib.request.urlopen(post, timeout=10) as answer:
+            assert answer.status == 200
+        assert status_of(dsn, job_id)[0] == "cancelled"
+    finally:
+        stop(proc)  # type: ignore[arg-type]
+
+
+def test_a_dashboard_on_a_thread_serves_one_database(dsn: str, queue: Queue) -> None:
+    from pgqueue.contrib.dashboard.background import Background
+
+    queue.enqueue({"n": 1}, queue="lesson")
+    with Background(dsn) as dash:
+        assert dash.url.startswith(f"http://127.0.0.1:{dash.port}/#token=")
+        with urllib.request.urlopen(f"http://127.0.0.1:{dash.port}/", timeout=10) as answer:
+            assert "lesson" in answer.read().decode()
+        assert f"port {dash.port}" in dash._repr_html_()
+

@@ -1,10 +1,10 @@
 """The dashboard's pages: HTML written here, on the server, from what ``store`` read.
 
 Every value goes through ``e`` (HTML-escaped); links are relative to the ``<base>`` of the
-page, so the dashboard works mounted under any path (``root_path``, or behind Jupyter's
-proxy). The live parts of a page are fragments (``fragment/...``) that ``dashboard.js``
-fetches again every few seconds and swaps in; the lease bars shrink in the browser between
-two fetches, from the seconds left that the database's clock gave.
+page, itself relative (``./`` or ``../``), so the dashboard works under any path a proxy or
+a mount serves it from. The live parts of a page are fragments (``fragment/...``) that
+``dashboard.js`` fetches again every few seconds and swaps in; the lease bars shrink in the
+browser between two fetches, from the seconds left that the database's clock gave.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def page(
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<base href="{e(base)}/">
+<base href="{e(base)}">
 <title>{e(title)} · pgqueue</title>
 <link rel="stylesheet" href="static/dashboard.css">
 <script src="static/dashboard.js" defer></script>

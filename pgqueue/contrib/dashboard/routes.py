@@ -68,7 +68,10 @@ class Dashboard:
         live_at: str | None = None,
         head: str = "",
     ) -> Response:
-        base = request.scope.get("root_path", "").rstrip("/")
+        # Relative to this page (./ or ../), so links work under any path a proxy
+        # serves it from (Jupyter's /proxy/PORT/, a mount), with nothing to configure.
+        depth = request.scope["path"].strip("/").count("/")
+        base = "../" * depth if depth else "./"
         html = pages.page(title, body, base=base, read_only=self.read_only, live=live_at, head=head)
         return HTMLResponse(html)
 
