@@ -568,3 +568,16 @@ def test_a_dashboard_on_a_thread_serves_one_database(dsn: str, queue: Queue) -> 
             assert "lesson" in answer.read().decode()
         assert f"port {dash.port}" in dash._repr_html_()
 
+
+def test_the_benchmark_times_every_request(admin_dsn: str) -> None:
+    from pgqueue.tools.bench import Bench
+    from pgqueue.tools.bench.dashboard import DASHBOARD_COLUMNS, bench_dashboard
+
+    bench = Bench(admin_dsn, progress=False)
+    try:
+        found = bench_dashboard(bench, n_rows=5_000, repeats=1)
+    finally:
+        bench.cleanup()
+    assert {row["request"] for row in found} >= {"overview page", "GET /api/jobs?status=dead"}
+    for row in found:
+        assert set(DASHBOARD_COLUMNS) <= set(row) and row["ms_median"] > 0 and row["bytes"] > 0
