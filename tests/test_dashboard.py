@@ -133,6 +133,23 @@ def test_a_running_job_shows_its_lease_and_fence(client: TestClient, dsn: str) -
     q.close()
 
 
+def test_a_limited_queue_shows_who_holds_each_seat(client: TestClient, queue: Queue) -> None:
+    queue.limit("tenants", per_group=1)
+    held = queue.enqueue({"n": 1}, queue="tenants", group="t1")
+    waiting = queue.enqueue({"n": 2}, queue="tenants", group="t1")
+    [job] = queue.claim("tenants", limit=5)  # one seat for t1: the second job waits
+    assert job.id == held
+    [limit] = client.get("/api/overview").json()["limits"]
+    assert (limit["queue"], limit["per_group"], limit["running"]) == ("tenants", 1, 1)
+    [seat] = limit["holders"]
+    assert (seat["group"], seat["seat"], seat["id"], seat["fence"]) == ("t1", 1, held, 1)
+    [bar] = client.get("/api/overview").json()["running"]
+    assert (bar["id"], bar["group"], bar["seat"]) == (held, "t1", 1)
+    page = client.get("/").text
+    assert f't1 seat 1: <a href="jobs/{held}">#{held}</a> fence 1' in page
+    assert waiting not in [r["id"] for r in client.get("/api/overview").json()["running"]]
+
+
 def test_jobs_list_filters_and_pages_by_keyset(client: TestClient, queue: Queue) -> None:
     blue = queue.enqueue_many([{"color": "Blue", "n": n} for n in range(5)], queue="a")
     queue.enqueue_many([{"color": "red", "n": n} for n in range(3)], queue="a")
