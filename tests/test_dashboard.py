@@ -598,3 +598,17 @@ def test_the_benchmark_times_every_request(admin_dsn: str) -> None:
     assert {row["request"] for row in found} >= {"overview page", "GET /api/jobs?status=dead"}
     for row in found:
         assert set(DASHBOARD_COLUMNS) <= set(row) and row["ms_median"] > 0 and row["bytes"] > 0
+
+
+def test_a_database_without_the_table_is_one_line_at_start(empty_dsn: str) -> None:
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pgqueue", "--dsn", empty_dsn, "dashboard", "--port", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 1 and done.stdout == ""
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("pgqueue dashboard: ") and "pgqueue init" in line, line

@@ -18,8 +18,9 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from ...db import describe_dsn
-from ...errors import BadInput
+from ...db import describe_dsn, resolve_dsn
+from ...errors import BadInput, PgQueueError
+from ...queue import Queue
 from . import TOKEN_ENV, app, needs_framework
 from .guard import new_token
 
@@ -72,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BadInput as exc:
         print(f"pgqueue dashboard: {exc}", file=sys.stderr)
         return 2
+    except PgQueueError as exc:  # no server there, no jobs table
+        print(f"pgqueue dashboard: {exc}", file=sys.stderr)
+        return 1
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -83,12 +87,16 @@ def serve(args: argparse.Namespace) -> int:
     token = None
     if not args.read_only:
         token = args.token or os.environ.get(TOKEN_ENV) or new_token()
+    # The database first: a bad DSN or a missing table is one line now, not a page later.
+    dsn = resolve_dsn(args.dsn)
+    with Queue(dsn, application_name="pgqueue dashboard") as queue:
+        queue.check()
     loopback = _is_loopback(args.host)
     hosts = args.allowed_host or (LOOPBACK_NAMES if loopback else None)
     if hosts and "*" in hosts:
         hosts = None
     asgi = app(
-        args.dsn,
+        dsn,
         token=token,
         read_only=args.read_only,
         hide_payload=args.hide_payload,

@@ -33,10 +33,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from ... import statements
 from ...async_queue import AsyncQueue
-from ...db import resolve_dsn
+from ...db import connecting, resolve_dsn
 from ...errors import NotInstalled
 from .filters import Filter, Refused
 
+APP_NAME = "pgqueue dashboard"  # in pg_stat_activity
 LOOK_EVERY = 2.0  # seconds: looks closer than this share one (many pages, one look)
 KEEP = 15 * 60.0  # seconds of looks kept for the throughput and wait history
 BARS = 100  # running jobs shown as lease bars, those whose leases end first
@@ -140,11 +141,15 @@ class Store:
     async def pool(self) -> AsyncConnectionPool:
         async with self._opening:
             if self._pool is None:
+                dsn = await self.resolved_dsn()
+                # pgqueue's connect arguments (keepalives, a connect timeout), as a Queue's.
+                with connecting(dsn, autocommit=True, application_name=APP_NAME) as kwargs:
+                    pass
                 pool = AsyncConnectionPool(
-                    await self.resolved_dsn(),
+                    dsn,
                     min_size=1,
                     max_size=self.pool_size,
-                    kwargs={"autocommit": True, "application_name": "pgqueue dashboard"},
+                    kwargs=kwargs,
                     open=False,
                     timeout=10.0,
                 )
