@@ -116,6 +116,9 @@ def test_finished_jobs_between_two_looks_are_counted(client: TestClient, queue: 
     last = dashboard_app.store.looks.kept[-1]
     assert last.finished == {"t": 3} and last.queues["t"]["ready"] == 3
     assert len(ids) == 5
+    dashboard_app.store.looks.taken = -float("inf")  # a third look: two intervals to draw
+    history = client.get("/").text.split('id="history"')[1].split("</section>")[0]
+    assert history.count("<polyline") == 2  # finished per second and the wait, for "t"
 
 
 def test_a_running_job_shows_its_lease_and_fence(client: TestClient, dsn: str) -> None:

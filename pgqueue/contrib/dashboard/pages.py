@@ -180,17 +180,22 @@ def _history(data: dict[str, Any]) -> str:
 
 
 def _line(points: list[tuple[float, float]], unit: str) -> str:
+    """A line of ``points`` (seconds ago, value), scaled to its largest value, with it and
+    the latest value in words (no line for fewer than two points)."""
     width, height = 240, 36
+    most = max(p[1] for p in points)
+    words = f'<span class="muted"> max {most:.2f} {e(unit)}, now {points[-1][1]:.2f}</span>'
+    if len(points) < 2:
+        return words
     span = max(p[0] for p in points) or 1.0
-    top = max(p[1] for p in points) or 1.0
+    top = most or 1.0  # all zero: a flat line along the bottom
     xy = " ".join(
         f"{width * (1 - ago / span):.1f},{height - 2 - (height - 4) * v / top:.1f}"
         for ago, v in points
     )
     return (
         f'<svg class="spark" width="{width}" height="{height}" role="img" '
-        f'aria-label="max {top:.2f} {e(unit)}"><polyline points="{xy}"/></svg>'
-        f'<span class="muted"> max {top:.2f} {e(unit)}, now {points[-1][1]:.2f}</span>'
+        f'aria-label="max {most:.2f} {e(unit)}"><polyline points="{xy}"/></svg>' + words
     )
 
 
