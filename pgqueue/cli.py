@@ -281,6 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
 PLUGINS: dict[str, tuple[str, str]] = {
     "bench": ("pgqueue.tools.bench", "run the benchmarks and write CSV under data/"),
     "chaos": ("pgqueue.tools.chaos", "run workers under injected faults and check the promises"),
+    "dashboard": (
+        "pgqueue.contrib.dashboard.cli",
+        "serve the web dashboard on 127.0.0.1 (needs pgqueue[dashboard]; docs/dashboard.md)",
+    ),
 }
 
 

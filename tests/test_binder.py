@@ -58,7 +58,12 @@ def test_binder_files_follow_repo2docker_rules() -> None:
         assert not (BINDER / name).exists(), f"binder/{name} would replace requirements.txt"
 
     requirements = _requirement_lines(BINDER / "requirements.txt")
-    assert "-e .[notebooks]" in requirements, "binder must install this package with [notebooks]"
+    assert "-e .[notebooks,dashboard]" in requirements, (
+        "binder must install this package with [notebooks] and the dashboard's [dashboard]"
+    )
+    assert any(line.startswith("jupyter-server-proxy") for line in requirements), (
+        "binder needs jupyter-server-proxy for the dashboard's launcher tile"
+    )
     assert re.fullmatch(r"python-3\.\d+", (BINDER / "runtime.txt").read_text().strip())
 
     for name in ("postBuild", "start"):
@@ -274,9 +279,20 @@ def test_simulated_binder_build_runs_the_notebooks(notebook_user: NotebookUser) 
     extensions = user.run("labextension list", jupyter, "labextension", "list", timeout=120)
     assert re.search(r"@jupyter-widgets/jupyterlab-manager .*enabled", extensions), extensions
 
+    # The dashboard's launcher tile: jupyter-server-proxy finds pgqueue's entry point.
+    python = user.venv / "bin" / "python"
+    found = user.run(
+        "jupyter-server-proxy entry points",
+        python,
+        "-c",
+        "from jupyter_server_proxy.config import get_entrypoint_server_processes as g; "
+        "print([p.name for p in g()])",
+        timeout=60,
+    )
+    assert "pgqueue-dashboard" in found, found
+
     # Launch: binder/start wraps the command, as repo2docker's entrypoint does. No
     # PGQUEUE_HOME: the notebooks use the per-user server that postBuild prepared.
-    python = user.venv / "bin" / "python"
     user.run(
         "binder/start pytest --nbval",
         "./binder/start", python, "-m", "pytest", "--noconftest", "-p", "no:cacheprovider",

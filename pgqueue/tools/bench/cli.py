@@ -21,6 +21,7 @@ from .async_io import ASYNC_COLUMNS, bench_async
 from .claim_size import bench_claim
 from .cli_worker import bench_cli_worker
 from .cpu import bench_cpu
+from .dashboard import DASHBOARD_COLUMNS, bench_dashboard
 from .drain import DrainConfig, _add_ratio_to_limit, bench_drain
 from .drivers import DRIVERS_COLUMNS, bench_drivers
 from .enqueue import bench_enqueue
@@ -70,6 +71,7 @@ BENCHMARKS = (
     "results",
     "done_notify",
     "drivers",
+    "dashboard",
 )
 
 
@@ -184,6 +186,12 @@ def run(
             lambda: bench_done_notify(bench),
         ),
         ("drivers", "bench_drivers.csv", DRIVERS_COLUMNS, lambda: bench_drivers(bench)),
+        (
+            "dashboard",
+            "bench_dashboard.csv",
+            DASHBOARD_COLUMNS,
+            lambda: bench_dashboard(bench),
+        ),
     ]
     for name, filename, columns, func in plan:
         if name not in only:
