@@ -33,7 +33,14 @@ from .async_job import AsyncJob
 from .db import async_connect, async_own_cursor, pgbouncer_mode
 from .errormap import key_race, pgqueue_error
 from .errors import KeyRace, PgQueueError, SlotRace
-from .inputs import checked_job_id, checked_lease, claim_args, prune_args, result_args
+from .inputs import (
+    checked_job_id,
+    checked_lease,
+    checked_queue_name,
+    claim_args,
+    prune_args,
+    result_args,
+)
 from .install import (
     DEFAULT_LOCK_TIMEOUT,
     Catalog,
@@ -246,6 +253,27 @@ class AsyncQueue:
     async def check(self) -> None:
         """Raise ``NotInstalled`` unless the jobs table exists (cheap: reads no rows)."""
         await self._run("check", {})
+
+    async def check_claims(self) -> None:
+        """Raise ``NotInstalled`` unless every table a claim reads exists (a worker asks at
+        start: an older pgqueue's database lacks ``pgqueue_paused`` until ``pgqueue init``)."""
+        await self._run("check_claim", {})
+
+    # -- pausing -----------------------------------------------------------------------
+    async def pause(self, queue: str) -> bool:
+        """Pause ``queue``: from their next claim on, no worker on any host claims from it
+        (the claim statement reads ``pgqueue_paused``; no restart). Running jobs go on and
+        enqueues go on. True if it was not paused already."""
+        return await self._one("pause", {"queue": checked_queue_name(queue)}) is not None
+
+    async def resume(self, queue: str) -> bool:
+        """Let workers claim from ``queue`` again, and wake the idle ones listening (a
+        notification, as an enqueue sends). True if it was paused."""
+        return await self._one("resume", {"queue": checked_queue_name(queue)}) is not None
+
+    async def paused(self) -> dict[str, datetime]:
+        """The paused queues, with when each was paused (oldest first)."""
+        return dict(await self._all("paused", {}))
 
     # -- producing -------------------------------------------------------------------
     async def enqueue(

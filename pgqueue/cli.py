@@ -151,6 +151,16 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--per-group", type=int, metavar="N", help="at most N running per group")
     how.add_argument("--remove", action="store_true", help="remove the queue's limit")
 
+    p = command(
+        "pause",
+        cmd_pause,
+        "pause a queue: from their next claim on, no worker on any host claims from it "
+        "(running jobs go on; enqueues go on)",
+    )
+    p.add_argument("queue", nargs="?", help="queue name (omit to list the paused queues)")
+    p = command("resume", cmd_resume, "let workers claim from a paused queue again")
+    p.add_argument("queue", help="queue name")
+
     p = command("worker", cmd_worker, "run a worker: MODULE:FUNCTION is called with each job")
     p.add_argument(
         "handler",
@@ -387,6 +397,26 @@ def cmd_limit(args: argparse.Namespace) -> None:
         )
 
 
+def cmd_pause(args: argparse.Namespace) -> None:
+    with _queue(args) as q:
+        newly = q.pause(args.queue) if args.queue is not None else None
+        paused = q.paused()
+    if args.queue is not None:
+        state = "paused" if newly else "was paused already"
+        print(f"{args.queue!r}: {state}: no worker claims from it until `pgqueue resume`")
+        return
+    if not paused:
+        print("no queue is paused")
+    for name, since in paused.items():
+        print(f"{name!r}: paused since {_utc(since)}")
+
+
+def cmd_resume(args: argparse.Namespace) -> None:
+    with _queue(args) as q:
+        was = q.resume(args.queue)
+    print(f"{args.queue!r}: {'resumed' if was else 'was not paused'}: workers claim from it")
+
+
 def _parse_json(text: str, where: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -514,8 +544,15 @@ def cmd_stats(args: argparse.Namespace) -> None:
             schedules = q.schedules()
         except NotInstalled:  # installed before periodic jobs: so none
             schedules = []
+        try:
+            paused = q.paused()
+        except NotInstalled:  # installed before pausing: so none
+            paused = {}
     if args.json:
-        print(json.dumps(rows + [_schedule_row(s) for s in schedules], default=str))
+        stopped = [
+            {"queue": name, "status": "paused", "since": since} for name, since in paused.items()
+        ]
+        print(json.dumps(rows + [_schedule_row(s) for s in schedules] + stopped, default=str))
         return
     counted = [r for r in rows if not r["estimated"]]
     if not counted:
@@ -533,6 +570,8 @@ def cmd_stats(args: argparse.Namespace) -> None:
     for s in schedules:
         last, following = _utc(s.last_slot), _utc(s.next_slot) if s.next_slot else "unknown"
         print(f"schedule {s.name} ({s.spec}) on {s.queue!r}: last slot {last}, next {following}")
+    for name, since in paused.items():
+        print(f"queue {name!r} is paused since {_utc(since)} (pgqueue resume {name})")
 
 
 def _finished_text(row: dict[str, Any]) -> str:

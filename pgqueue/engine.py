@@ -277,6 +277,8 @@ class Engine:
         o = self.options
         async with AsyncQueue(o.dsn, pgbouncer=o.pgbouncer) as probe:
             await probe.check()
+            await probe.check_claims()
+            paused = [name for name in await probe.paused() if name in o.queues]
         if self.metrics is not None:
             self.metrics.serve()  # a port in use: one line, and nothing has started
         self._span = tracing.job_spans()
@@ -284,6 +286,13 @@ class Engine:
         self._force = asyncio.Event()
         self.phase = Phase.WORKING
         log.info("%s", banner)
+        for name in paused:  # said once: the claim itself skips it until resumed
+            log.warning(
+                "%s: queue %s is paused: no job of it is claimed until `pgqueue resume %s`",
+                o.name,
+                name,
+                name,
+            )
         self._pool = ConnectionPool(o.connections, self._connect_async, o.pgbouncer)
         self._tasks.append(asyncio.create_task(self._dispatch(), name=f"pgqueue-{o.name}"))
         self._tasks.append(asyncio.create_task(self._keep(), name=f"pgqueue-{o.name}-keeper"))

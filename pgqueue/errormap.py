@@ -59,11 +59,12 @@ def pgqueue_error(exc: psycopg.Error, name: str | None = None) -> PgQueueError |
     if isinstance(exc, psycopg.errors.UndefinedTable) and (found := steps.missing(exc)):
         return found
     if isinstance(exc, psycopg.errors.UndefinedTable):
+        newer = next((t for t in ("pgqueue_limits", "pgqueue_paused") if t in str(exc)), None)
         return NotInstalled(
             "the jobs table does not exist in this database: "
             "run `pgqueue init` (or Queue.install()) first"
-            if "pgqueue_limits" not in str(exc)
-            else "pgqueue_limits does not exist: this table is of an older pgqueue; "
+            if newer is None
+            else f"{newer} does not exist: this table is of an older pgqueue; "
             "run `pgqueue init` (or Queue.install()) to upgrade it"
         )
     if isinstance(exc, psycopg.errors.UndefinedColumn) and any(

@@ -59,6 +59,7 @@ class Catalog:
     steps: bool  # the durable steps' tables
     steps_archive: bool
     waiters: bool  # pgqueue_waiters: the jobs a Queue.result waits for
+    paused: bool  # pgqueue_paused: the queues no worker claims from
     indexes: dict[str, Index]
 
 
@@ -115,7 +116,7 @@ def _current(index: Index) -> bool:
 def catalog(found: Sequence[Any], indexes: Iterable[Sequence[Any]]) -> Catalog:
     """The replies of ``installed`` and ``installed_indexes`` as one ``Catalog``."""
     jobs, archive, jobs_columns, archive_columns, check, limits, function, trigger, *rest = found
-    schedules, slots, steps, steps_archive, waiters = rest
+    schedules, slots, steps, steps_archive, waiters, paused = rest
     return Catalog(
         jobs=jobs,
         archive=archive,
@@ -130,6 +131,7 @@ def catalog(found: Sequence[Any], indexes: Iterable[Sequence[Any]]) -> Catalog:
         steps=steps,
         steps_archive=steps_archive,
         waiters=waiters,
+        paused=paused,
         indexes={row[0]: Index(*row) for row in indexes},
     )
 
@@ -179,8 +181,8 @@ def brief_steps(found: Catalog, notify: bool | None) -> list[Step]:
 
 
 def _side_tables(found: Catalog) -> list[Step]:
-    """The durable steps' tables and the results' waiters, if missing: new tables, so they
-    lock nothing anyone uses."""
+    """The durable steps' tables, the results' waiters and the paused queues, if missing:
+    new tables, so they lock nothing anyone uses."""
     steps = []
     if not found.steps:
         steps.append(_step("created pgqueue_steps (durable steps)", "steps_table"))
@@ -188,6 +190,8 @@ def _side_tables(found: Catalog) -> list[Step]:
         steps.append(_step("created pgqueue_steps_archive (durable steps)", "steps_archive_table"))
     if not found.waiters:
         steps.append(_step("created pgqueue_waiters (results' notifications)", "waiters_table"))
+    if not found.paused:
+        steps.append(_step("created pgqueue_paused (paused queues)", "paused_table"))
     return steps
 
 

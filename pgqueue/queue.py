@@ -31,7 +31,14 @@ from .adapters import from_sqlalchemy, your_conn
 from .db import connect, own_cursor, pgbouncer_mode
 from .errormap import key_race, pgqueue_error
 from .errors import KeyRace, PgQueueError, SlotRace
-from .inputs import checked_job_id, checked_lease, claim_args, prune_args, result_args
+from .inputs import (
+    checked_job_id,
+    checked_lease,
+    checked_queue_name,
+    claim_args,
+    prune_args,
+    result_args,
+)
 from .install import (
     DEFAULT_LOCK_TIMEOUT,
     Catalog,
@@ -235,6 +242,27 @@ class Queue:
     def check(self) -> None:
         """Raise ``NotInstalled`` unless the jobs table exists (cheap: reads no rows)."""
         self._run("check", {})
+
+    def check_claims(self) -> None:
+        """Raise ``NotInstalled`` unless every table a claim reads exists (a worker asks at
+        start: an older pgqueue's database lacks ``pgqueue_paused`` until ``pgqueue init``)."""
+        self._run("check_claim", {})
+
+    # -- pausing -----------------------------------------------------------------------
+    def pause(self, queue: str) -> bool:
+        """Pause ``queue``: from their next claim on, no worker on any host claims from it
+        (the claim statement reads ``pgqueue_paused``; no restart). Running jobs go on and
+        enqueues go on. True if it was not paused already."""
+        return self._one("pause", {"queue": checked_queue_name(queue)}) is not None
+
+    def resume(self, queue: str) -> bool:
+        """Let workers claim from ``queue`` again, and wake the idle ones listening (a
+        notification, as an enqueue sends). True if it was paused."""
+        return self._one("resume", {"queue": checked_queue_name(queue)}) is not None
+
+    def paused(self) -> dict[str, datetime]:
+        """The paused queues, with when each was paused (oldest first)."""
+        return dict(self._all("paused", {}))
 
     # -- producing -------------------------------------------------------------------
     def enqueue(

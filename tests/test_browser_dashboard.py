@@ -19,7 +19,7 @@ from test_browser import CHROMIUM, CHROMIUM_FLAGS, _unavailable
 from test_dashboard import Holding, make_dead, start_dashboard, status_of, stop
 
 from conftest import rows, wait_for
-from pgqueue import Queue
+from pgqueue import Queue, Worker
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -100,6 +100,32 @@ def test_the_dashboard_in_chromium(dsn: str, tmp_path: Path) -> None:
                 statuses = dict(rows(dsn, "SELECT id, status FROM jobs WHERE queue = 'paint'"))
                 assert {i: statuses[i] for i in blue} == dict.fromkeys(blue, "cancelled")
                 assert {i: statuses[i] for i in red} == dict.fromkeys(red, "ready")
+
+                # A queue paused by a click is not claimed by a running worker until a
+                # click resumes it ('other', served after 'paint' in each claim round, is
+                # done first: the worker has claimed past the paused jobs).
+                page.goto(address[1])
+                paint = page.locator('#queues tr[data-queue="paint"]')
+                paint.get_by_role("button", name="pause").click()
+                page.wait_for_function(
+                    "() => document.getElementById('said').textContent.includes('paused')"
+                )
+                ran: list[str] = []
+                worker = Worker(lambda job: ran.append(job.queue), queue=["paint", "other"],
+                                dsn=dsn, poll_interval=0.05).start()  # fmt: skip
+                try:
+                    q.enqueue({}, queue="other")
+                    wait_for(lambda: ran == ["other"], what="the other queue's job done")
+                    statuses = dict(rows(dsn, "SELECT id, status FROM jobs WHERE queue = 'paint'"))
+                    assert {i: statuses[i] for i in red} == dict.fromkeys(red, "ready")
+                    page.wait_for_function(
+                        "() => document.querySelector('#queues tr[data-queue=\"paint\"]')"
+                        "?.textContent.includes('paused')"
+                    )
+                    paint.get_by_role("button", name="resume").click()
+                    wait_for(lambda: ran.count("paint") == len(red), what="the paint jobs done")
+                finally:
+                    worker.stop(grace=2)
                 assert problems == []
             finally:
                 page.screenshot(path=str(tmp_path / "dashboard-last.png"))

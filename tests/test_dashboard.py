@@ -312,6 +312,62 @@ def test_the_api_refuses_a_post_without_the_token_or_from_another_site(
     assert same.status_code == 200 and status_of(dsn, job_id)[0] == "cancelled"
 
 
+def test_a_queue_paused_from_the_dashboard_is_not_claimed_by_a_running_worker_until_resumed(
+    client: TestClient, queue: Queue, dsn: str
+) -> None:
+    """The worker serves 'emails' then 'other' in each claim round: once the 'other' job
+    enqueued after the paused e-mails is done, it has claimed past them."""
+    done: list[str] = []
+    worker = Worker(lambda job: done.append(job.queue), queue=["emails", "other"], dsn=dsn,
+                    poll_interval=0.05)  # fmt: skip
+    worker.start()
+    try:
+        queue.enqueue({}, queue="emails")
+        wait_for(lambda: done == ["emails"], what="the first e-mail done")
+        paused = client.post("/api/queues/emails/pause", headers=AUTH)
+        assert paused.status_code == 200 and paused.json()["paused"] is True
+        assert client.post("/api/queues/emails/pause", headers=AUTH).status_code == 409
+        queue.enqueue_many([{}, {}], queue="emails")
+        queue.enqueue({}, queue="other")
+        wait_for(lambda: "other" in done, what="the later job of another queue done")
+        assert rows(dsn, "SELECT status FROM jobs WHERE queue = 'emails' ORDER BY id") == [
+            ("done",),
+            ("ready",),
+            ("ready",),
+        ]
+        page = client.get("/").text
+        assert "paused: its 2 ready jobs wait for a resume" in page
+        assert 'data-action="api/queues/emails/resume"' in page
+        [emails] = [
+            q for q in client.get("/api/overview").json()["queues"] if q["queue"] == "emails"
+        ]
+        assert emails["paused_since"] is not None
+        resumed = client.post("/api/queues/emails/resume", headers=AUTH)
+        assert resumed.status_code == 200 and resumed.json()["paused"] is False
+        wait_for(lambda: done.count("emails") == 3, what="the paused e-mails done")
+    finally:
+        worker.stop(grace=2)
+    assert client.post("/api/queues/emails/resume", headers=AUTH).status_code == 409
+
+
+def test_pausing_is_refused_without_the_token_for_a_bad_name_or_an_unknown_queue(
+    client: TestClient, queue: Queue, dsn: str
+) -> None:
+    queue.enqueue({}, queue="emails")
+    assert client.post("/api/queues/emails/pause").status_code == 401
+    cross = AUTH | {"Sec-Fetch-Site": "cross-site"}
+    assert client.post("/api/queues/emails/pause", headers=cross).status_code == 403
+    unknown = client.post("/api/queues/nosuch/pause", headers=AUTH)
+    assert unknown.status_code == 404 and "check its name" in unknown.json()["error"]
+    assert client.post("/api/queues/emails/stop", headers=AUTH).status_code == 404
+    assert client.post(f"/api/queues/{'x' * 300}/pause", headers=AUTH).status_code == 400
+    assert queue.paused() == {}  # nothing changed
+    with TestClient(dashboard.app(dsn, read_only=True)) as reader:
+        assert reader.post("/api/queues/emails/pause", headers=AUTH).status_code == 403
+        assert 'api/queues/emails/pause"' not in reader.get("/").text
+    assert queue.paused() == {}
+
+
 def test_read_only_refuses_every_action_and_shows_no_button(dsn: str, queue: Queue) -> None:
     job_id = make_dead(queue, "ro", {"n": 1})
     with TestClient(dashboard.app(dsn, read_only=True)) as ro:

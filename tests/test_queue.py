@@ -68,6 +68,11 @@ TESTED_QUERIES = {
     "set_limit",
     "remove_limit",
     "limits",
+    # pausing a queue, in tests/test_pause.py
+    "check_claim",
+    "pause",
+    "resume",
+    "paused",
     # durable steps, in tests/test_steps.py
     "step_get",
     "step_put",

@@ -7,6 +7,30 @@
 -- Fails with "relation does not exist" unless the schema is installed; reads no rows.
 SELECT 1 FROM jobs LIMIT 0;
 
+-- name: check_claim
+-- Fails with "relation does not exist" unless the tables every claim reads are there
+-- (a database of an older pgqueue lacks pgqueue_paused until `pgqueue init`).
+SELECT 1 FROM pgqueue_paused, pgqueue_limits LIMIT 0;
+
+-- name: pause
+-- Pause queue %(queue)s: from their next claim on, no worker claims from it (jobs already
+-- running go on; enqueues go on). Returns a row if it was not paused already.
+INSERT INTO pgqueue_paused (queue) VALUES (%(queue)s)
+ON CONFLICT (queue) DO NOTHING
+RETURNING queue;
+
+-- name: resume
+-- Resume queue %(queue)s, and wake the idle workers listening for it (a hint, as for an
+-- enqueue). Returns a row if it was paused.
+WITH resumed AS (
+  DELETE FROM pgqueue_paused WHERE queue = %(queue)s RETURNING queue
+)
+SELECT queue, pg_notify('pgqueue', queue) FROM resumed;
+
+-- name: paused
+-- The paused queues, oldest pause first, with when each was paused.
+SELECT queue, paused_at FROM pgqueue_paused ORDER BY paused_at, queue;
+
 -- name: enqueue
 -- Add one job, runnable at %(run_at)s or %(delay)s seconds from now, in group %(group_key)s
 -- (NULL: none); NOTIFY fires at commit.
@@ -82,8 +106,14 @@ WHERE queue = %(queue)s AND key = ANY(%(keys)s::text[]) AND status IN ('ready', 
 -- here and answers with one row of NULLs, so the caller sends claim_limited instead. Its
 -- guess of which statement a queue needs is only a guess: either statement refuses the
 -- queue it does not fit, so a wrong guess costs one round trip and never breaks a limit.
+-- A paused queue (a row in pgqueue_paused: Queue.pause, `pgqueue pause`) claims nothing,
+-- on every worker and host, from the next claim on: the database decides, in this
+-- statement, never a check in a client (a primary-key lookup, once a claim).
 WITH limited AS (
   SELECT EXISTS (SELECT FROM pgqueue_limits WHERE queue = %(queue)s) AS yes
+),
+paused AS (
+  SELECT EXISTS (SELECT FROM pgqueue_paused WHERE queue = %(queue)s) AS yes
 ),
 claimed AS (
   UPDATE jobs
@@ -96,7 +126,7 @@ claimed AS (
   WHERE id IN (
     SELECT id FROM jobs
     WHERE queue = %(queue)s AND status = 'ready' AND run_at <= now()
-      AND NOT (SELECT yes FROM limited)
+      AND NOT (SELECT yes FROM limited) AND NOT (SELECT yes FROM paused)
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -139,8 +169,9 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM limited WHERE yes;
 -- - A job leaves its slot by leaving 'running' (complete, fail, release, reap, cancel):
 --   no other statement needs to know about slots. Jobs running when a limit is set (or
 --   claimed by the claim statement as it is set) hold no slot and are not counted.
-WITH claim_limit AS (
-  SELECT per_group FROM pgqueue_limits WHERE queue = %(queue)s
+WITH claim_limit AS (  -- none while the queue is paused: nothing is claimed (see claim)
+  SELECT per_group FROM pgqueue_limits
+  WHERE queue = %(queue)s AND NOT EXISTS (SELECT FROM pgqueue_paused WHERE queue = %(queue)s)
 ),
 full_groups AS (
   SELECT group_key FROM jobs

@@ -123,6 +123,15 @@ CREATE TABLE IF NOT EXISTS pgqueue_limits (
   per_group int  NOT NULL CHECK (per_group >= 1)
 );
 
+-- name: paused_table
+-- The paused queues (Queue.pause, `pgqueue pause`): the claim statements read it, so every
+-- worker on every host stops claiming from a queue listed here, with no restart. A new
+-- table: adding it locks nothing in use.
+CREATE TABLE IF NOT EXISTS pgqueue_paused (
+  queue     text        PRIMARY KEY,
+  paused_at timestamptz NOT NULL DEFAULT now()
+);
+
 -- name: schedules_table
 -- Periodic jobs (pgqueue/periodic.py): one row per schedule, with the newest slot handled
 -- (a job made, or skipped as missed) and the next one, as of the last tick. Every worker
@@ -216,7 +225,8 @@ SELECT to_regclass('jobs') IS NOT NULL AS jobs,
        to_regclass('pgqueue_slots') IS NOT NULL AS slots,
        to_regclass('pgqueue_steps') IS NOT NULL AS steps,
        to_regclass('pgqueue_steps_archive') IS NOT NULL AS steps_archive,
-       to_regclass('pgqueue_waiters') IS NOT NULL AS waiters;
+       to_regclass('pgqueue_waiters') IS NOT NULL AS waiters,
+       to_regclass('pgqueue_paused') IS NOT NULL AS paused;
 
 -- name: installed_indexes
 -- The indexes on jobs: name, whether usable, definition, whether a build is running now.

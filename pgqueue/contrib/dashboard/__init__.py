@@ -8,7 +8,7 @@ the ASGI app in an application of yours::
     from pgqueue.contrib.dashboard import app
     dashboard = app(dsn="postgresql://...", token=os.environ["PGQUEUE_DASHBOARD_TOKEN"])
 
-Starlette and psycopg_pool (``pip install 'pgqueue[dashboard]'``) are imported only when a
+Starlette and psycopg_pool (``pip install -e ".[dashboard]"`` in the clone) are imported only when a
 dashboard is made: ``import pgqueue`` never imports them.
 """
 
@@ -74,6 +74,6 @@ def needs_framework() -> None:
         import starlette  # noqa: F401
     except ImportError:
         raise BadInput(
-            "the dashboard needs starlette, uvicorn and psycopg-pool: "
-            "pip install 'pgqueue[dashboard]'"
+            "the dashboard needs starlette, uvicorn and psycopg-pool: pip install starlette "
+            'uvicorn psycopg-pool (or pip install -e ".[dashboard]" in your pgqueue clone)'
         ) from None

@@ -1,6 +1,7 @@
 """What the dashboard changes: retry a dead job, cancel a ready or running one, delete a
-finished one, each for one job or for every job matching a filter; and run a periodic
-schedule now.
+finished one, each for one job or for every job matching a filter; pause and resume a
+queue (``AsyncQueue.pause``: the claim statement itself skips a paused queue, on every
+worker); and run a periodic schedule now.
 
 One job goes through the library (``AsyncQueue.retry_dead``, ``AsyncQueue.cancel``: a
 running job's fence rises, so its holder is refused from then on). A filter's jobs go in
@@ -82,6 +83,22 @@ async def bulk(store: Store, name: str, chosen: Filter, who: str) -> dict[str, A
         "skipped": skipped,
         "batches": batches,
     }
+
+
+async def queue_action(store: Store, name: str, queue: str, who: str) -> dict[str, Any]:
+    """Pause or resume ``queue``; a 404 for a queue no job and no pause names, a 409 for a
+    pause or resume that changes nothing."""
+    async with store.transaction() as c:
+        paused = await c.queue.paused()
+    if queue not in paused and not await store.known_queue(queue):
+        raise Refused(404, f"no job has queue {queue!r} and it is not paused: check its name")
+    async with store.transaction() as c:
+        changed = await (c.queue.pause(queue) if name == "pause" else c.queue.resume(queue))
+    if not changed:
+        state = "paused already" if name == "pause" else "not paused"
+        raise Refused(409, f"queue {queue!r} is {state}; nothing changed")
+    log.info("%s: %s queue %s", who, name, queue)
+    return {"queue": queue, "action": name, "paused": name == "pause"}
 
 
 async def run_schedule(store: Store, name: str, who: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...params import checked_queue_name
+from ...inputs import checked_queue_name
 
 STATUSES = ("ready", "running", "done", "dead", "cancelled")
 PAGE = 50  # jobs a page
@@ -67,6 +67,14 @@ def job_id(raw: str) -> int:
     if not text.isascii() or not text.isdigit() or not 1 <= int(text) < 2**63:
         raise Refused(400, f"a job id is a whole number from 1, got {raw[:40]!r}")
     return int(text)
+
+
+def queue_name(raw: str) -> str:
+    """A queue's name from a URL (a 400 for one no queue can have)."""
+    try:
+        return checked_queue_name(raw)
+    except ValueError as exc:
+        raise Refused(400, str(exc)) from None
 
 
 def jobs_filter(args: Mapping[str, str]) -> Filter:

@@ -91,7 +91,7 @@ def overview(data: dict[str, Any], read_only: bool) -> str:
     return "".join(
         (
             _attention(data),
-            _queues(data),
+            _queues(data, read_only),
             _history(data),
             _running(data),
             _schedules(data, read_only),
@@ -114,13 +114,22 @@ def _attention(data: dict[str, Any]) -> str:
     return f'<section id="attention"><h2>Needs attention</h2>{said}</section>'
 
 
-def _queues(data: dict[str, Any]) -> str:
+def _queues(data: dict[str, Any], read_only: bool) -> str:
     rows = []
     for q in data["queues"]:
         link = f"jobs?{e(urlencode({'queue': q['queue']}))}"
         rate = q["finished_per_s"]
+        where = f"api/queues/{quote(q['queue'], safe='')}"
+        if q["paused_since"] is not None:
+            state = '<span class="bad">paused</span> ' + button(
+                f"{where}/resume", "resume", read_only
+            )
+        else:
+            ask = f"Pause {q['queue']}? No worker claims from it until it is resumed."
+            state = "claimed " + button(f"{where}/pause", "pause", read_only, confirm=ask)
         rows.append(
             f'<tr data-queue="{e(q["queue"])}"><td><a href="{link}">{e(q["queue"])}</a></td>'
+            f'<td class="state">{state}</td>'
             f'<td class="n">{q["ready"]}</td><td class="n">{q["running"]}</td>'
             f'<td class="n{" bad" if q["dead"] else ""}">{q["dead"]}</td>'
             f'<td class="n">{seconds(q["oldest_ready_s"])}</td>'
@@ -132,7 +141,16 @@ def _queues(data: dict[str, Any]) -> str:
     return (
         '<section id="queues"><h2>Queues</h2>'
         + table(
-            ["queue", "ready", "running", "dead", "oldest ready", "finished/s", "latest error"],
+            [
+                "queue",
+                "claims",
+                "ready",
+                "running",
+                "dead",
+                "oldest ready",
+                "finished/s",
+                "latest error",
+            ],
             rows,
             "no job is ready, running or dead",
         )

@@ -138,6 +138,18 @@ class Dashboard:
             said += f", {len(done['skipped'])} left dead (their key is held)"
         return JSONResponse(done | {"message": said})
 
+    async def api_queue_action(self, request: Request) -> Response:
+        check_action(request, self.token, self.read_only)
+        name = request.path_params["action"]
+        if name not in ("pause", "resume"):
+            raise Refused(404, f"no queue action {name!r}: pause or resume")
+        queue = filters.queue_name(request.path_params["name"])
+        done = await actions.queue_action(self.store, name, queue, _who(request))
+        said = f"queue {queue}: " + (
+            "paused: no worker claims from it" if done["paused"] else "resumed"
+        )
+        return JSONResponse(done | {"message": said})
+
     async def api_run_schedule(self, request: Request) -> Response:
         check_action(request, self.token, self.read_only)
         done = await actions.run_schedule(self.store, request.path_params["name"], _who(request))
@@ -241,6 +253,7 @@ def build(dashboard: Dashboard, *, hosts: list[str] | None = None) -> Starlette:
         Route("/api/jobs/{id}/{action}", d.api_action, methods=["POST"]),
         Route("/api/bulk/{action}", d.api_bulk, methods=["POST"]),
         Route("/api/schedules/{name}/run", d.api_run_schedule, methods=["POST"]),
+        Route("/api/queues/{name}/{action}", d.api_queue_action, methods=["POST"]),
         Route("/api/events", d.api_events),
         Mount("/static", StaticFiles(packages=[(__package__, "static")]), name="static"),
     ]

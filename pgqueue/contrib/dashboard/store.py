@@ -193,9 +193,15 @@ class Store:
             expired = dict(await c.rows("expired", {}))
             schedules = await c.schedules()
             limits = await c.limits()
+            paused = await c.queue.paused()
         look = self.looks.kept[-1]
         queues = []
-        for name, counts in sorted(look.queues.items()):
+        idle = dict.fromkeys(("ready", "running", "dead"), 0) | {
+            "oldest_ready_s": None,
+            "latest_error": None,
+        }
+        counted = look.queues | {name: idle for name in paused if name not in look.queues}
+        for name, counts in sorted(counted.items()):
             rate = self.looks.rate(name)
             queues.append(
                 counts
@@ -203,7 +209,13 @@ class Store:
                     "queue": name,
                     "finished_per_s": None if rate is None else round(rate, 3),
                     "expired": expired.get(name, 0),
-                    "attention": _attention(counts, expired.get(name, 0)),
+                    "paused_since": paused[name].isoformat() if name in paused else None,
+                    "attention": _attention(counts, expired.get(name, 0))
+                    + (
+                        [f"paused: its {counts['ready']} ready jobs wait for a resume"]
+                        if name in paused and counts["ready"]
+                        else []
+                    ),
                 }
             )
         late = [

@@ -28,6 +28,7 @@ from .enqueue import bench_enqueue
 from .housekeeping import bench_housekeeping
 from .limits import bench_limits
 from .notify import bench_notify
+from .pause import PAUSE_COLUMNS, bench_pause
 from .peers import bench_peers
 from .plots import figures
 from .polling import bench_polling
@@ -72,6 +73,7 @@ BENCHMARKS = (
     "done_notify",
     "drivers",
     "dashboard",
+    "pause",
 )
 
 
@@ -192,6 +194,7 @@ def run(
             DASHBOARD_COLUMNS,
             lambda: bench_dashboard(bench),
         ),
+        ("pause", "bench_pause.csv", PAUSE_COLUMNS, lambda: bench_pause(bench)),
     ]
     for name, filename, columns, func in plan:
         if name not in only:
