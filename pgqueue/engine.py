@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import functools
 import heapq
 import inspect
@@ -45,6 +44,7 @@ from .async_job import AsyncJob
 from .async_queue import AsyncQueue
 from .claims import Batch, Claim, Key, key_of
 from .db import async_connect, connect
+from .endings import Endings
 from .errors import ConnectError, PgQueueError
 from .events import EventLog, NullEventLog
 from .handlers import (
@@ -58,10 +58,11 @@ from .handlers import (
     is_coroutine_function,
     outcome_of,
 )
-from .inputs import column_text
 from .job import Job
 from .lanes import RELEASED, SKIPPED, PlainLanes
+from .links import Bell, Link
 from .options import WorkerOptions
+from .rules import Phase
 from .tasks import Task
 
 if TYPE_CHECKING:
@@ -70,19 +71,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgqueue.worker")
 
 DISCONNECTS = (psycopg.OperationalError, psycopg.InterfaceError, ConnectError)
-FINISH_TRIES = 6  # tries of one complete/fail/release across reconnects
 FINAL_WRITES = 3.0  # seconds a stop gives its last writes after the grace (forced: 0.5)
-
-
-class Phase(enum.IntEnum):
-    """Where the engine is; it only moves forward."""
-
-    NEW = 0
-    WORKING = 1
-    STOPPING = 2  # no new claims; running handlers have the grace to finish
-    LEAVING = 3  # grace over: no handler waited for, no heartbeat; last writes, bounded
-    CLOSED = 4
-    HALTED = 5  # crashed on purpose (the course's faults): nothing more is written
 
 
 class Seams(Protocol):
@@ -91,90 +80,6 @@ class Seams(Protocol):
     def _gate(self) -> None: ...
 
     def _after_claim(self, jobs: list[Any]) -> Any: ...
-
-
-class Bell:
-    """Wakes the tasks waiting on it; the generation number closes the check-then-wait race.
-    (A future and a timer a wait, no task: the dispatcher waits often.)"""
-
-    def __init__(self) -> None:
-        self.generation = 0
-        self._waiters: list[asyncio.Future[None]] = []
-
-    def ring(self) -> None:
-        self.generation += 1
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            _wake(waiter)
-
-    async def wait(self, seen: int, timeout: float) -> None:
-        if self.generation != seen:
-            return
-        loop = asyncio.get_running_loop()
-        waiter = loop.create_future()
-        self._waiters.append(waiter)
-        timer = loop.call_later(timeout, _wake, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            if waiter in self._waiters:  # woken by its timer, or cancelled: not by a ring
-                self._waiters.remove(waiter)
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-class Link:
-    """One of the engine's connections, reopened with capped exponential backoff."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.queue: AsyncQueue | None = None
-        self._opening: asyncio.Lock | None = None
-
-    async def get(self) -> AsyncQueue:
-        if self.queue is not None:
-            return self.queue
-        if self._opening is None:
-            self._opening = asyncio.Lock()
-        async with self._opening:  # tasks sharing a link open one connection, not several
-            backoff = rules.Backoff()
-            while self.queue is None:
-                o = self.engine.options
-                try:
-                    self.queue = await self._open()
-                except ConnectError as exc:
-                    if self.engine.phase >= Phase.STOPPING:
-                        raise
-                    wait = backoff.failed()
-                    log.warning("%s: %s; retrying in %.1fs", o.name, exc, wait)
-                    await asyncio.sleep(wait)
-        return self.queue
-
-    async def _open(self) -> AsyncQueue:
-        engine, o = self.engine, self.engine.options
-        try:
-            return await AsyncQueue(
-                engine.session_dsn, application_name=o.app_name, pgbouncer=o.pgbouncer
-            ).open()
-        except ConnectError:
-            if engine.session_dsn == o.dsn:
-                raise
-        # Refused with the session limits: a pooler (PgBouncer refuses startup options)
-        # that --pgbouncer does not name. Without them, once, and from then on.
-        queue = await AsyncQueue(o.dsn, application_name=o.app_name, pgbouncer=o.pgbouncer).open()
-        engine.session_dsn = o.dsn
-        log.info("%s: the server refused session limits at connect; going on without", o.name)
-        return queue
-
-    async def drop(self) -> None:
-        queue, self.queue = self.queue, None
-        if queue is not None:
-            with contextlib.suppress(Exception):  # already broken; nothing to release
-                await queue.close()
 
 
 class Engine:
@@ -195,26 +100,18 @@ class Engine:
         self.phase = Phase.NEW
         self._asked: bool | None = None  # a stop asked for before start() ended (True: force)
         self.error: BaseException | None = None  # why the engine stopped itself, if it did
-        self.done = 0  # jobs completed (accepted by fence)
-        self.failed = 0  # failed attempts recorded (the job retries or goes dead)
-        self.dead = 0  # of those, jobs that went dead
         self.timed_out = 0  # handlers failed for running past their timeout
-        self.rejected = 0  # late writes the database refused (someone else holds the job)
-        self.gave_up = 0  # writes given up after retries (the lease runs out; reaper returns)
+        # Every job's ending (complete, fail, release by fence, the completion buffer, the
+        # counts of how jobs ended): endings.py.
+        self.ends = Endings(self)
 
         self.claims: dict[Key, Claim] = {}  # claimed, not finished
         self._waiting: deque[Claim] = deque()  # claimed, not started
         self._busy = 0  # lanes running a job now
         self._deep = False  # the last claim came back full: a backlog, so claim ahead
-        self._finishing: set[Key] = set()  # claims whose complete/fail/release is under way
-        # Finished jobs whose completion waits to go out in one statement, with the time
-        # each was added.
-        self._buffer: list[tuple[Claim, float]] = []
-        self._flusher: asyncio.Task[None] | None = None
         self._running: dict[Claim, asyncio.Task[None]] = {}  # async jobs, a task each
         self._free_slots: list[int] = []
         self._next_slot = 1
-        self._finishers: set[asyncio.Task[None]] = set()  # a plain job's fail, under way
         self._bell = Bell()  # wakes the dispatcher: a lane is free, a stop, a notification
         self._plain_handler = not is_coroutine_function(handler)
         tasks = options.tasks
@@ -238,7 +135,6 @@ class Engine:
             for n in range(1, options.concurrency + 1)
         ]
         self._claims_link = Link(self)
-        self._writes_link = Link(self)
         self._pool: ConnectionPool | None = None
         self._tasks: list[asyncio.Task[None]] = []  # dispatcher, keeper, listener
         self._stopping: asyncio.Future[None] | None = None
@@ -256,6 +152,32 @@ class Engine:
             self.metrics = WorkerMetrics(options)
         self._span = tracing.no_span
 
+    # -- the counts of how jobs ended (kept by the endings) --------------------------
+    @property
+    def done(self) -> int:
+        """Jobs completed (accepted by fence)."""
+        return self.ends.done
+
+    @property
+    def failed(self) -> int:
+        """Failed attempts recorded (the job retries or goes dead)."""
+        return self.ends.failed
+
+    @property
+    def dead(self) -> int:
+        """Of those, jobs that went dead."""
+        return self.ends.dead
+
+    @property
+    def rejected(self) -> int:
+        """Late writes the database refused (someone else holds the job)."""
+        return self.ends.rejected
+
+    @property
+    def gave_up(self) -> int:
+        """Writes given up after retries, or whose lost reply could not be told."""
+        return self.ends.gave_up
+
     # -- control ---------------------------------------------------------------------
     @property
     def stopping(self) -> bool:
@@ -264,7 +186,7 @@ class Engine:
     @property
     def working(self) -> bool:
         """Whether the dispatcher or a handler still runs (a burst run ends when not)."""
-        if any(not t.done() for t in self._tasks[:1]) or self._running or self._finishers:
+        if any(not t.done() for t in self._tasks[:1]) or self._running or self.ends.tasks:
             return True
         plain = self._plain  # a job running on a lane, waiting for one, or its outcome unfiled
         return plain is not None and bool(plain.busy or plain.waiting or plain.done)
@@ -378,15 +300,15 @@ class Engine:
             bound = 0.5 if self._force.is_set() else FINAL_WRITES
             self._final_until = time.monotonic() + bound
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._flushed(), bound)
-            if self._finishers:
+                await asyncio.wait_for(self.ends.flushed(), bound)
+            if self.ends.tasks:
                 left = max(0.0, self._final_until - time.monotonic())
-                await asyncio.wait(list(self._finishers), timeout=left)
+                await asyncio.wait(list(self.ends.tasks), timeout=left)
         if self.phase < Phase.CLOSED:
             self.phase = Phase.CLOSED
-        doomed = [*self._tasks, *self._finishers]
-        if self._flusher is not None:
-            doomed.append(self._flusher)
+        doomed = [*self._tasks, *self.ends.tasks]
+        if self.ends.flusher is not None:
+            doomed.append(self.ends.flusher)
         handlers = list(self._running.values())  # past the grace: cancelled, left to leases
         for task in doomed + handlers:
             task.cancel()
@@ -398,7 +320,7 @@ class Engine:
         if self._pool is not None:
             await self._pool.close()
         await self._claims_link.drop()
-        await self._writes_link.drop()
+        await self.ends.link.drop()
         if self.metrics is not None:
             await asyncio.to_thread(self.metrics.close)
 
@@ -466,8 +388,8 @@ class Engine:
             self._waiting.extend(self._plain.drain())
         while self._waiting and self.phase < Phase.LEAVING:
             claim = self._waiting.popleft()  # claimed, never started: give back, attempt too
-            if self._own_finish(claim):
-                await self._finish(claim, "release")
+            if self.ends.own(claim):
+                await self.ends.finish(claim, "release")
 
     async def _dispatch_once(self) -> bool:
         """Claim a batch when a lane is free and no claimed job waits (or, under a backlog,
@@ -527,7 +449,7 @@ class Engine:
             o.concurrency,
             plain=self._plain is not None,
             held=len(self.claims),
-            finishing=len(self._finishing),
+            finishing=len(self.ends.finishing),
         )
 
     def _waiting_now(self) -> int:
@@ -634,7 +556,7 @@ class Engine:
         plain job: it reads the engine's state, and the loop files what it says."""
         self.seams._gate()
         key = key_of(claim.job)
-        current = self.claims.get(key) is claim and key not in self._finishing
+        current = self.claims.get(key) is claim and key not in self.ends.finishing
         verdict = rules.may_start(
             working=self.phase == Phase.WORKING, current=current, lost=claim.job.lost
         )
@@ -686,38 +608,28 @@ class Engine:
         its turn), failed, or done (its completion buffered, or sent now)."""
         key = key_of(claim.job)
         if outcome is SKIPPED:
-            if self.claims.get(key) is claim and key not in self._finishing:
+            if self.claims.get(key) is claim and key not in self.ends.finishing:
                 self._drop(claim)
                 self._record(claim.lane, "skipped", claim.job, "lease lost before it started")
         elif outcome is RELEASED:
-            if self._own_finish(claim):
-                self._spawn_finish(claim, "release")
+            if self.ends.own(claim):
+                self.ends.spawn(claim, "release")
             return
-        elif self._own_finish(claim):
+        elif self.ends.own(claim):
             if isinstance(outcome, Failure):
-                self._spawn_finish(claim, "fail", outcome)
+                self.ends.spawn(claim, "fail", outcome)
             else:
                 claim.result = outcome.result if outcome is not None else None
                 if self.options.complete_in_batches:
-                    self._buffer.append((claim, time.monotonic()))
+                    self.ends.buffer.append((claim, time.monotonic()))
                 else:
-                    self._spawn_finish(claim, "complete")
+                    self.ends.spawn(claim, "complete")
         self._count_down(claim)
 
     def _count_down(self, claim: Claim) -> None:
         claim.batch.left -= 1
         if claim.batch.left == 0:
-            self._flush_soon()  # the batch is over: its completions go now, together
-
-    def _spawn_finish(self, claim: Claim, action: str, failure: Failure | None = None) -> None:
-        task = asyncio.create_task(self._finish(claim, action, failure))
-        self._finishers.add(task)
-        task.add_done_callback(self._finisher_done)
-
-    def _finisher_done(self, task: asyncio.Task[None]) -> None:
-        self._finishers.discard(task)
-        if self._wants_jobs():
-            self._bell.ring()
+            self.ends.flush_soon()  # the batch is over: its completions go now, together
 
     def _time_out(self) -> None:
         """Fail each job whose handler ran past its timeout at once (the fence rises, so
@@ -737,8 +649,8 @@ class Engine:
     def _fail_late(self, claim: Claim) -> None:
         claim.job.mark_lost()  # first: nothing the handler writes from now on counts
         failure = self._timed_out(claim)
-        if self._own_finish(claim):
-            self._spawn_finish(claim, "fail", failure)
+        if self.ends.own(claim):
+            self.ends.spawn(claim, "fail", failure)
         self._count_down(claim)
         self._slot_freed()
 
@@ -832,15 +744,6 @@ class Engine:
         return backoff
 
     # -- endings: complete, fail, release by fence -------------------------------------
-    def _own_finish(self, claim: Claim) -> bool:
-        """Take the right to finish the job; False if it is no longer this worker's."""
-        key = key_of(claim.job)
-        if self.claims.get(key) is not claim or key in self._finishing:
-            return False
-        if self.phase >= Phase.LEAVING:
-            return False
-        self._finishing.add(key)
-        return True
 
     def _drop(self, claim: Claim) -> None:
         """Forget a claim (ended, skipped or left to its lease) and free its slot."""
@@ -848,7 +751,7 @@ class Engine:
         if self.claims.get(key) is claim:
             del self.claims[key]
             heapq.heappush(self._free_slots, claim.slot)
-        self._finishing.discard(key)
+        self.ends.finishing.discard(key)
 
     def _forget(self, claim: Claim, why: str) -> None:
         """Stop heartbeating a job whose bookkeeping failed: its lease runs out and the
@@ -856,136 +759,6 @@ class Engine:
         self._drop(claim)
         claim.job.mark_lost()
         log.warning("%s: left job %s to its lease after %s", claim.lane, claim.job.id, why)
-
-    async def _finish(
-        self, claim: Claim, action: str, failure: Failure | None = None, *, tried: bool = False
-    ) -> None:
-        """complete / fail / release by fence, retried across reconnects (the fence makes a
-        retry safe). If a reply may have been lost (a retry, or ``tried``), the row is read
-        back to learn whether the write took effect."""
-        job = claim.job
-        error = failure.error if failure else ""
-        outcome = "gave-up"
-        for attempt in range(FINISH_TRIES):
-            if self.phase >= Phase.HALTED or time.monotonic() >= self._final_until:
-                break
-            try:
-                queue = await self._writes_link.get()
-                if action == "complete":
-                    ok = await queue.complete(job, claim.result)  # type: ignore[arg-type]
-                elif action == "fail":
-                    assert failure is not None
-                    ok = await queue.fail(
-                        job,  # type: ignore[arg-type]
-                        error,
-                        backoff=self._backoff_for(job),
-                        delay=failure.delay,
-                        give_up=failure.give_up,
-                    )
-                else:
-                    ok = await queue.release(job)  # type: ignore[arg-type]
-                took: bool | None = ok
-                if not ok and (attempt > 0 or tried):
-                    took = await _took_effect(queue, action, job, error)
-                outcome = "unknown" if took is None else "ok" if took else "refused"
-                break
-            except (psycopg.Error, ConnectError) as exc:
-                await self._writes_link.drop()
-                log.warning(
-                    "%s: %s of job %s failed (%s)", claim.lane, action, job.id, describe(exc)
-                )
-                await asyncio.sleep(0.05 * 2**attempt)
-        if self.phase < Phase.HALTED:
-            self._settle([claim], action, {key_of(job): outcome}, error)
-
-    def _flush_soon(self) -> None:
-        """Start the flusher unless it runs. It completes what is buffered in one fenced
-        statement, then again what was buffered meanwhile, until nothing is: one statement
-        in flight at a time, so under load each carries every completion that waited."""
-        if self._buffer and (self._flusher is None or self._flusher.done()):
-            name = f"pgqueue-{self.options.name}-flush"
-            self._flusher = asyncio.create_task(self._flush_all(), name=name)
-
-    async def _flushed(self) -> None:
-        """Wait until every buffered completion went out (stopping)."""
-        while self._buffer or (self._flusher is not None and not self._flusher.done()):
-            self._flush_soon()
-            assert self._flusher is not None
-            await asyncio.wait([self._flusher])
-
-    async def _flush_all(self) -> None:
-        while self._due() and self.phase < Phase.HALTED:
-            try:
-                await self._flush()
-            except Exception as exc:  # not a lost connection (handled): leave them to lease
-                log.error("%s: completing a batch: %s", self.options.name, describe(exc))
-
-    def _due(self) -> list[Claim]:
-        """The buffered jobs whose completion is due: all of them while stopping, else those
-        whose batch is over, or all once the oldest has waited ``flush_after``."""
-        now = time.monotonic()
-        due = rules.flush_due(
-            [now - buffered for _, buffered in self._buffer],
-            [claim.batch.left for claim, _ in self._buffer],
-            stopping=self.phase >= Phase.STOPPING,
-            flush_after=self.options.flush_after,
-        )
-        return [self._buffer[i][0] for i in due]
-
-    async def _flush(self) -> None:
-        """Complete the buffered jobs that are due in one fenced statement."""
-        claims = self._due()
-        if not claims:
-            return
-        due = set(map(id, claims))
-        self._buffer = [(c, t) for c, t in self._buffer if id(c) not in due]
-        try:
-            queue = await self._writes_link.get()
-            jobs, results = [c.job for c in claims], [c.result for c in claims]
-            done = await queue.complete_many(jobs, results)  # type: ignore[arg-type]
-            rejected = {key_of(j) for j in done}
-        except (psycopg.Error, ConnectError):
-            await self._writes_link.drop()
-            for claim in claims:  # one by one; the batch may have committed before the cut
-                await self._finish(claim, "complete", tried=True)
-            return
-        outcome = {key_of(c.job): "refused" if key_of(c.job) in rejected else "ok" for c in claims}
-        self._settle(claims, "complete", outcome)
-
-    def _settle(
-        self, claims: list[Claim], action: str, outcome: dict[Key, str], error: str = ""
-    ) -> None:
-        """Forget finished jobs, count them, record how each ended and log what needs a
-        person's eyes (failures, refusals, give-ups)."""
-        for claim in claims:
-            self._drop(claim)
-        ends = [(claim, outcome[key_of(claim.job)]) for claim in claims]
-        self.rejected += sum(end == "refused" for _, end in ends)
-        self.gave_up += sum(end in ("gave-up", "unknown") for _, end in ends)
-        ok = [claim.job for claim, end in ends if end == "ok"]
-        if ok:
-            self._bell.ring()  # a slot of a limited group may be free: claim again now
-        if action == "complete":
-            self.done += len(ok)
-        elif action == "fail":
-            self.failed += len(ok)
-            self.dead += sum(job.status == "dead" for job in ok)
-        if self.metrics is not None:
-            self.metrics.settled(action, ends)
-        if self._recording:
-            self.events.record_many(
-                (
-                    rules.end_kind(action, end),
-                    c.lane,
-                    c.job.id,
-                    c.job.fence,
-                    error if ok else action,
-                )
-                for c, end in ends
-                for ok in [end == "ok"]
-            )
-        for claim, end in ends:
-            _log_end(claim.lane, claim.job, action, end, error)
 
     # -- the keeper: heartbeats, local deadlines, late flushes --------------------------
     async def _keep(self) -> None:
@@ -1010,8 +783,8 @@ class Engine:
                     self._expire()
                     self._time_out()
                     waited = 0.0 if self.phase == Phase.STOPPING else self.options.flush_after
-                    if self._buffer and now - self._buffer[0][1] >= waited:
-                        self._flush_soon()
+                    if self.ends.buffer and now - self.ends.buffer[0][1] >= waited:
+                        self.ends.flush_soon()
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # the keeper must not die silently either
@@ -1027,7 +800,7 @@ class Engine:
                 # Ticks of at most 0.1 s: a job claimed meanwhile may have a local deadline
                 # to watch (a tick that sends nothing costs no statement).
                 wait = min(0.1, max(0.005, next_beat - time.monotonic()))
-                if self._buffer:
+                if self.ends.buffer:
                     wait = min(wait, self.options.flush_after / 2)
                 await asyncio.sleep(wait)
         finally:
@@ -1052,7 +825,7 @@ class Engine:
             key = key_of(c.job)
             if key not in lost:
                 rows.append(("heartbeat", c.lane, c.job.id, c.job.fence, ""))
-            elif key not in self._finishing and self.claims.get(key) is c:
+            elif key not in self.ends.finishing and self.claims.get(key) is c:
                 # (a job finished meanwhile is not lost: its ending tells how it went)
                 rows.append(("lease-lost", c.lane, c.job.id, c.job.fence, ""))
                 log.warning(
@@ -1066,7 +839,7 @@ class Engine:
         now = time.monotonic()
         for claim in list(self.claims.values()):
             job = claim.job
-            seen = claim.expiry_seen or key_of(job) in self._finishing
+            seen = claim.expiry_seen or key_of(job) in self.ends.finishing
             if seen or not rules.expired(job.deadline, now):
                 continue
             claim.expiry_seen = True
@@ -1181,55 +954,3 @@ def _plain_job(claimed: AsyncJob) -> Job:
         claimed.waited,
         deadline=claimed.deadline,
     )
-
-
-async def _took_effect(queue: AsyncQueue, action: str, job: Job, error: str) -> bool | None:
-    """After a retry, read the job's row back and ask ``rules.took_effect`` whether an
-    earlier try committed although its reply was lost (None: cannot be told)."""
-    got = await queue.get(job.id)
-    row = None if got is None else rules.Row(got.status, got.fence, got.attempts, got.last_error)
-    took = rules.took_effect(
-        action,  # type: ignore[arg-type]
-        rules.Held(job.fence, job.attempts),
-        row,
-        column_text(error, 10_000),
-    )
-    if took and row is not None:
-        job.status = {"complete": "done", "release": "ready"}.get(
-            action, "dead" if row.status == "dead" else "ready"
-        )
-    return took
-
-
-def _log_end(lane: str, job: Job, action: str, end: str, error: str) -> None:
-    """Log what needs a person's eyes: a refused write, a give-up, a failed attempt."""
-    if end == "refused":
-        why = f"fence {job.fence} is stale (another holder has it)"
-        log.warning("%s: late %s of job %s refused: %s", lane, action, job.id, why)
-    elif end == "unknown":
-        log.warning(
-            "%s: the reply to the %s of job %s was lost, and its row has moved on since "
-            "(another claim or write): whether it took effect cannot be told; "
-            "`pgqueue show %s` shows where the job is now",
-            lane,
-            action,
-            job.id,
-            job.id,
-        )
-    elif end == "gave-up":
-        then = "its lease will run out and the reaper will return it"
-        log.warning(
-            "%s: gave up on the %s of job %s after %d tries; %s",
-            lane,
-            action,
-            job.id,
-            FINISH_TRIES,
-            then,
-        )
-    elif action == "fail":
-        then = "now dead" if job.status == "dead" else f"retry in {job.retry_in or 0.0:.1f}s"
-        first = error.splitlines()[0] if error else ""
-        attempt = f"attempt {job.attempts} of {job.max_attempts}"
-        log.warning(
-            "%s: job %s (%s) failed, %s: %s; %s", lane, job.id, job.queue, attempt, first, then
-        )

@@ -20,6 +20,7 @@ whole batches for plain handlers, never more than the claim statement's own limi
 
 from __future__ import annotations
 
+import enum
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,17 @@ MAX_CLAIM = 10_000  # the most jobs one claim statement takes
 
 Action = Literal["complete", "fail", "release"]
 Start = Literal["start", "release", "skip"]
+
+
+class Phase(enum.IntEnum):
+    """Where a worker's engine is; it only moves forward."""
+
+    NEW = 0
+    WORKING = 1
+    STOPPING = 2  # no new claims; running handlers have the grace to finish
+    LEAVING = 3  # grace over: no handler waited for, no heartbeat; last writes, bounded
+    CLOSED = 4
+    HALTED = 5  # crashed on purpose (the course's faults): nothing more is written
 
 
 # -- holding and claiming --------------------------------------------------------------

@@ -286,7 +286,7 @@ def test_a_stop_with_the_database_unreachable_is_bounded(
         ).start()
         await asyncio.wait_for(slow_started.wait(), 20)
         for _ in range(200):
-            if w.engine._buffer:
+            if w.engine.ends.buffer:
                 break
             await asyncio.sleep(0.05)
         proxy.cut.set()

@@ -383,7 +383,7 @@ def test_a_fail_whose_reply_was_lost_is_never_counted_for_another_holders_identi
     the same error text counted as this holder's fail taking effect, though here a reaper
     and another holder's identical fail made it; now that cannot be told (None), and only
     a state no other writer makes counts as taken."""
-    from pgqueue.engine import _took_effect
+    from pgqueue.endings import _took_effect
 
     queue.enqueue({}, queue="q")
     [mine] = queue.claim("q")

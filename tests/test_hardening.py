@@ -436,12 +436,12 @@ class _SlowBookkeeping(Worker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         engine = self.engine
-        settle = engine._settle
+        settle = engine.ends.settle
 
         def later(*a: Any, **k: Any) -> None:
             asyncio.get_running_loop().call_later(0.3, lambda: settle(*a, **k))
 
-        engine._settle = later  # type: ignore[method-assign]
+        engine.ends.settle = later  # type: ignore[method-assign]
 
 
 def test_a_failed_job_claimed_again_by_a_sibling_lane_is_run_not_dropped(
@@ -604,7 +604,9 @@ def test_a_graceful_stop_completes_buffered_jobs_even_when_a_sibling_outlives_th
     ).start()
     try:
         assert slow_started.wait(20)
-        wait_for(lambda: len(worker.engine._buffer) == 1, 10, "fast's completion to be buffered")
+        wait_for(
+            lambda: len(worker.engine.ends.buffer) == 1, 10, "fast's completion to be buffered"
+        )
         worker.stop(grace=0.5)
         wait_for(lambda: worker.done == 1, 10, "fast's completion to be counted")
         assert dict(rows(dsn, "SELECT payload->>'kind', status FROM jobs")) == {
@@ -668,17 +670,17 @@ def test_a_flush_with_two_claims_of_one_job_counts_the_accepted_one_as_done(
     engine._waiting.clear()
     for claim in engine.claims.values():
         claim.batch.left = 0  # both handlers have returned: their batches are over
-    engine._buffer = [(claim, time.monotonic()) for claim in engine.claims.values()]
+    engine.ends.buffer = [(claim, time.monotonic()) for claim in engine.claims.values()]
 
     async def flush() -> None:
         try:
-            await engine._flush()
+            await engine.ends.flush()
         finally:
-            await engine._writes_link.drop()
+            await engine.ends.link.drop()
 
     asyncio.run(flush())
     assert rows(dsn, "SELECT status, fence FROM jobs") == [("done", 2)]
     assert (engine.done, engine.rejected) == (1, 1)
     ends = [(e.kind, e.fence, e.worker) for e in engine.events.events() if e.kind != "claim"]
     assert sorted(ends) == [("complete", 2, "w.2"), ("complete-rejected", 1, "w.1")]
-    assert not engine.claims and not engine._finishing
+    assert not engine.claims and not engine.ends.finishing

@@ -58,7 +58,8 @@ class Supervised:
     def ready(self) -> bool:
         """Whether every child has said which server and queue it works on (it is running
         its ``Worker`` by then; a signal earlier ends it before it can take any job)."""
-        return len(set(re.findall(r"^(w\.p\d+): .* lane\(s\)", self.stderr(), re.M))) == 2
+        banners = re.findall(r"\b(w\.p\d+): .*; \d+ (?:lanes?|handlers? at once)", self.stderr())
+        return len(set(banners)) == 2
 
     def wait(self, timeout: float) -> int:
         try:
