@@ -43,10 +43,6 @@ EXPECTED = {
     ),
     "PgQueueImmediateBackendTestCase.test_cannot_get_result": NO_GET_RESULT,
     "PgQueueImmediateBackendTestCase.test_cannot_refresh_result": NO_GET_RESULT,
-    "PgQueueImmediateBackendTestCase.test_cannot_pass_run_after": (
-        "expects InvalidTask for run_after: ImmediateBackend has no supports_defer; this "
-        "backend has"
-    ),
     "PgQueueTaskTestCase.test_using_correct_backend": IDENTITY.format("DummyBackend"),
     "PgQueueTaskTestCase.test_get_backend": IDENTITY.format("DummyBackend / ImmediateBackend"),
     "PgQueueTaskTestCase.test_enqueue_task": DUMMY_API,
