@@ -114,6 +114,9 @@ class Engine:
         self._next_slot = 1
         self._bell = Bell()  # wakes the dispatcher: a lane is free, a stop, a notification
         self._plain_handler = not is_coroutine_function(handler)
+        # Which kind of job the handler runs: "django" for the Django backend's runner
+        # (its class says so); None for a plain handler or a Tasks registry.
+        self._runs: str | None = getattr(handler, "runs", None)
         tasks = options.tasks
         # Plain handlers run on lane threads of their own (lanes.py); async ones as tasks
         # of this loop. A Tasks registry may need both.
@@ -562,6 +565,9 @@ class Engine:
         )
         if verdict != "start":
             return RELEASED if verdict == "release" else SKIPPED
+        wrong = rules.not_ours(claim.job.payload, self._runs)
+        if wrong is not None:  # another kind of worker's job: never run, never completed
+            return Failure(wrong, give_up=True)
         claim.timeout = self._timeout_for(claim.job)
         claim.started = time.monotonic()
         return None

@@ -98,6 +98,22 @@ def may_start(*, working: bool, current: bool, lost: bool) -> Start:
     return "start"
 
 
+def not_ours(payload: object, runs: str | None) -> str | None:
+    """Why a claimed job is not this worker's to run (None: it is). A job enqueued through
+    the Django backend (``{"django": {"task": ...}}``) is run only by a worker whose handler
+    runs Django tasks (``runs == "django"``: ``manage.py pgqueue_worker``); any other
+    handler would 'complete' it without running its task. The error text says what to do."""
+    django = payload.get("django") if isinstance(payload, dict) else None
+    if runs != "django" and isinstance(django, dict) and isinstance(django.get("task"), str):
+        return (
+            f"WrongWorker: this job is the Django task {django['task']}, enqueued through "
+            "pgqueue's django.tasks backend; only manage.py pgqueue_worker runs it, and this "
+            "worker's handler is not that: nothing ran. Run pgqueue_worker for this queue, "
+            "then retry the job (pgqueue retry-dead --id ID)"
+        )
+    return None
+
+
 def late(started: float | None, timeout: float | None, now: float) -> bool:
     """Whether a handler started at ``started`` has run past its ``timeout``."""
     return started is not None and timeout is not None and now - started > timeout

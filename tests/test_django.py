@@ -654,3 +654,27 @@ def test_a_burst_worker_after_a_sigkilled_one_reaps_and_finishes_its_task(
     done = hang_first.get_result(result.id)
     assert done.status == TaskResultStatus.SUCCESSFUL and done.return_value == 2
     assert rows(db, "SELECT status, attempts FROM jobs") == [("done", 2)]
+
+
+def test_a_plain_worker_on_a_task_queue_fails_the_task_and_never_reports_success(
+    db: str,
+) -> None:
+    """#33 item 6: before, `pgqueue worker module:handler` on a Django task's queue completed
+    the task without running it, and get_result said SUCCESSFUL with no attempt that ran."""
+    from django.tasks import TaskResultStatus
+    from shop.tasks import add
+
+    result = add.enqueue(2, 3)
+    root = Path(__file__).resolve().parent.parent
+    pgqueue = Path(sys.executable).with_name("pgqueue")
+    done = subprocess.run(
+        [str(pgqueue), "--dsn", db, "worker", "tests.handlers:noop", "--queue", "default",
+         "--burst"],
+        cwd=root, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    ended = add.get_result(result.id)
+    assert ended.status == TaskResultStatus.FAILED
+    assert rows(db, "SELECT status FROM jobs WHERE id = %s", [int(result.id)]) == [("dead",)]
+    [(error,)] = rows(db, "SELECT last_error FROM jobs WHERE id = %s", [int(result.id)])
+    assert "only manage.py pgqueue_worker runs it" in error

@@ -48,6 +48,10 @@ class Runner:
     ``interrupts``: a ``KeyboardInterrupt`` from the task propagates (``IMMEDIATE``); in a
     worker it fails the attempt like any exception, and the worker goes on."""
 
+    # The kind of job this handler runs: a worker with any other handler fails a Django
+    # task's job instead of 'completing' it unrun (rules.not_ours).
+    runs = "django"
+
     def __init__(self, worker: str, *, interrupts: bool = False) -> None:
         self.worker_id = worker
         self.interrupts = interrupts
