@@ -380,11 +380,12 @@ def cmd_worker(args: argparse.Namespace) -> int | None:
         from .metrics import check_port
 
         check_port(args.metrics_port, args.metrics_addr)  # in use: one line, before anything starts
-    logging.getLogger("pgqueue").setLevel(logging.INFO if args.verbose else logging.WARNING)
+    logging.getLogger("pgqueue").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     # The worker's first line (the banner) and its notes come from its log, with the time,
     # -v or not. Its last line, the summary, is this command's output, on stdout: the worker
     # does not log it as well (with -v both were shown, and the banner twice).
-    logging.getLogger("pgqueue.worker").setLevel(logging.INFO)
+    # -v: DEBUG too, where a failed attempt's traceback is logged after its one line.
+    logging.getLogger("pgqueue.worker").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     worker._logs_summary = False
     worker._where = describe_dsn(args.dsn)
     if isinstance(worker, AsyncWorker):

@@ -270,8 +270,12 @@ def cmd_show(args: argparse.Namespace) -> None:
         fields["steps"] = [step._asdict() for step in steps]
         print(json.dumps(fields, default=str))
         return
+    trace = fields.pop("traceback")
     for name, value in fields.items():
         print(f"{name:<13} {json.dumps(value) if name in ('payload', 'result') else value}")
+    if trace:  # where the last failed attempt raised, as Python printed it
+        print(f"{'traceback':<13} (the last failed attempt's)")
+        print("".join(f"  {line}" for line in trace.splitlines(keepends=True)).rstrip())
     # The durable steps it stored (Job.step), oldest first: name, fence, when.
     print(f"{'steps':<13} {len(steps)}")
     for step in steps:

@@ -114,6 +114,7 @@ class Endings:
                         backoff=self.engine._backoff_for(job),
                         delay=failure.delay,
                         give_up=failure.give_up,
+                        traceback=failure.traceback,
                     )
                 else:
                     ok = await queue.release(job)  # type: ignore[arg-type]
@@ -130,6 +131,9 @@ class Endings:
                 await asyncio.sleep(0.05 * 2**attempt)
         if self.engine.phase < Phase.HALTED:
             self.settle([claim], action, {key_of(job): outcome}, error)
+            if failure is not None and failure.traceback and log.isEnabledFor(logging.DEBUG):
+                # The one-line log above says what failed; here is where (-v, or DEBUG).
+                log.debug("%s: job %s raised:\n%s", claim.lane, job.id, failure.traceback.rstrip())
 
     def flush_soon(self) -> None:
         """Start the flusher unless it runs. It completes what is buffered in one fenced

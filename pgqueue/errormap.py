@@ -68,7 +68,7 @@ def pgqueue_error(exc: psycopg.Error, name: str | None = None) -> PgQueueError |
             "run `pgqueue init` (or Queue.install()) to upgrade it"
         )
     if isinstance(exc, psycopg.errors.UndefinedColumn) and any(
-        f'column "{name}"' in str(exc) for name in ("group_key", "slot")
+        f'column "{name}"' in str(exc) for name in ("group_key", "slot", "traceback")
     ):
         return NotInstalled(
             "the jobs table is of an older pgqueue (no group_key): "

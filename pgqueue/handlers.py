@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -27,6 +29,7 @@ class Failure:
     error: str
     delay: float | None = None  # RetryAfter
     give_up: bool = False  # GiveUp
+    traceback: str | None = None  # where it was raised, from the handler's own frame on
 
 
 @dataclass(frozen=True)
@@ -67,15 +70,33 @@ def describe(exc: BaseException) -> str:
 
 
 def failure_of(exc: BaseException) -> Failure:
-    """What a handler's exception (``BaseException`` included) does to its job."""
+    """What a handler's exception (``BaseException`` included) does to its job, with the
+    traceback that says where it was raised."""
+    trace = traceback_of(exc)
     if isinstance(exc, GiveUp):
-        return Failure(describe(exc), give_up=True)
+        return Failure(describe(exc), give_up=True, traceback=trace)
     if isinstance(exc, RetryAfter):
         try:
-            return Failure(describe(exc), delay=retry_delay(exc))
+            return Failure(describe(exc), delay=retry_delay(exc), traceback=trace)
         except BaseException as bad:  # a delay the fail statement would refuse
-            return Failure(describe(bad))
-    return Failure(describe(exc))
+            return Failure(describe(bad), traceback=trace)
+    return Failure(describe(exc), traceback=trace)
+
+
+_OURS = Path(__file__).resolve().parent  # pgqueue's own frames: not the user's story
+
+
+def traceback_of(exc: BaseException) -> str | None:
+    """The traceback of a handler's exception from the handler's own frame on (the engine's
+    frames that called it are left out), as Python prints it; None if it cannot be read
+    (a user's exception can break even that)."""
+    try:
+        tb = exc.__traceback__
+        while tb is not None and Path(tb.tb_frame.f_code.co_filename).resolve().parent == _OURS:
+            tb = tb.tb_next
+        return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+    except BaseException:  # a __str__ or __repr__ of the user's that raises
+        return None
 
 
 # DISCARD ALL without DEALLOCATE ALL: psycopg answers a DISCARD ALL by sending DEALLOCATE

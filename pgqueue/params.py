@@ -309,13 +309,24 @@ def completed_many(jobs: Sequence[Job], done_rows: list[tuple[Any, ...]]) -> lis
     return [job for job in jobs if not end_reply(job, (job.id, job.fence) in done, "done")]
 
 
+MAX_TRACEBACK = 8_000  # characters of a failed attempt's traceback kept (its end: the raise)
+
+
 def fail_params(
-    job: Job, error: object, backoff: object, delay: object, give_up: object
+    job: Job,
+    error: object,
+    backoff: object,
+    delay: object,
+    give_up: object,
+    traceback: str | None = None,
 ) -> dict[str, Any]:
     return {
         "id": job.id,
         "fence": job.fence,
         "error": column_text(error, 10_000),
+        "traceback": None
+        if traceback is None
+        else column_text(traceback[-MAX_TRACEBACK:], MAX_TRACEBACK),
         "backoff": checked_seconds("backoff", backoff, upper=MAX_BACKOFF),
         "delay": None if delay is None else checked_seconds("delay", delay, upper=MAX_BACKOFF),
         "give_up": bool(give_up),
@@ -478,6 +489,7 @@ class JobState(NamedTuple):
     last_error: str | None
     group_key: str | None  # enqueue's group: limited together by the queue's per-group limit
     result: Any = None  # what the handler returned (done jobs; None: nothing)
+    traceback: str | None = None  # the last failed attempt's, bounded (None: none kept)
 
 
 class ScheduleState(NamedTuple):

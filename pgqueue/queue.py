@@ -419,14 +419,17 @@ class Queue:
         backoff: float = defaults.BACKOFF,
         delay: float | None = None,
         give_up: bool = False,
+        traceback: str | None = None,
     ) -> bool:
         """Record ``error``; the job retries after ``backoff * 2**attempts`` seconds, or goes
         dead at max_attempts. False (and ``job.lost``) if its fence is stale. Either way
         this holder is done with the job: the fence rises, so its later writes are refused.
         ``job.status`` tells which way it went ('ready' or 'dead'), ``job.retry_in`` when.
         ``delay`` retries after that many seconds instead of the backoff (it still counts as
-        an attempt); ``give_up`` sends the job dead at once."""
-        params = fail_params(job, error, backoff, delay, give_up)
+        an attempt); ``give_up`` sends the job dead at once. ``traceback`` is kept with the
+        job (its last ``MAX_TRACEBACK`` characters: ``pgqueue show``, the dashboard); a
+        worker passes the handler's."""
+        params = fail_params(job, error, backoff, delay, give_up, traceback)
         return fail_reply(job, self._one("fail", params))
 
     def release(self, job: Job) -> bool:

@@ -316,7 +316,8 @@ RETURNING jobs.id, jobs.fence,
                THEN pg_notify('pgqueue_done', jobs.id::text) END;
 
 -- name: fail
--- Record an error; retry after %(delay)s seconds if given, else %(backoff)s * 2^attempts
+-- Record an error (one line) and its traceback (%(traceback)s: where it was raised, bounded;
+-- NULL for a failure that raised nothing, a timeout say); retry after %(delay)s seconds if given, else %(backoff)s * 2^attempts
 -- (at most a day: a larger delay would overflow the interval type), or go dead at
 -- max_attempts or when %(give_up)s. The fence rises too, so nothing more from this attempt
 -- is accepted: not a late write of a handler that timed out, not a second fail.
@@ -327,6 +328,7 @@ SET status      = CASE WHEN %(give_up)s OR attempts >= max_attempts THEN 'dead' 
     lease_until = NULL,
     fence       = fence + 1,
     last_error  = %(error)s,
+    traceback   = %(traceback)s,
     finished_at = CASE WHEN %(give_up)s OR attempts >= max_attempts THEN now() END
 WHERE id = %(id)s AND fence = %(fence)s AND status = 'running'
 RETURNING status, extract(epoch FROM run_at - now())::float8 AS retry_in,
@@ -353,6 +355,7 @@ SET status      = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'ready' EN
     run_at      = now(),
     lease_until = NULL,
     finished_at = CASE WHEN attempts >= max_attempts THEN now() END,
+    traceback   = NULL,  -- no exception: the worker stopped
     last_error  = 'lease ran out on attempt ' || attempts || ' of ' || max_attempts
                   || ': its worker stopped heartbeating (crashed, hung or cut off)'
 WHERE id IN (
@@ -472,7 +475,7 @@ RETURNING before.status,
 -- One job as it is now, by id (for inspection, and to learn how a write whose reply was
 -- lost ended).
 SELECT id, queue, status, payload, priority, key, attempts, max_attempts, fence, run_at,
-       lease_until, started_at, finished_at, last_error, group_key, result
+       lease_until, started_at, finished_at, last_error, group_key, result, traceback
 FROM jobs
 WHERE id = %(id)s;
 

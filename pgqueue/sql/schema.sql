@@ -31,6 +31,7 @@ CREATE TABLE IF NOT EXISTS jobs (
   group_key    text,                           -- limited together (pgqueue_limits)
   slot         int,                            -- its group's slot, while running under a limit
   result       jsonb,                          -- the handler's return value (done; NULL: None)
+  traceback    text,                           -- the last failed attempt's, bounded
   CONSTRAINT jobs_status_check CHECK (status IN ('ready', 'running', 'done', 'dead', 'cancelled'))
 );
 
@@ -44,7 +45,8 @@ ALTER TABLE jobs
   ADD COLUMN IF NOT EXISTS finished_at timestamptz,
   ADD COLUMN IF NOT EXISTS group_key   text,
   ADD COLUMN IF NOT EXISTS slot        int,
-  ADD COLUMN IF NOT EXISTS result      jsonb;
+  ADD COLUMN IF NOT EXISTS result      jsonb,
+  ADD COLUMN IF NOT EXISTS traceback   text;
 
 -- name: add_status_check
 -- Upgrade: the statuses a job can have, checked from now on; old rows are checked by
@@ -112,7 +114,8 @@ ALTER TABLE jobs_archive
   ADD COLUMN IF NOT EXISTS finished_at timestamptz,
   ADD COLUMN IF NOT EXISTS group_key   text,
   ADD COLUMN IF NOT EXISTS slot        int,
-  ADD COLUMN IF NOT EXISTS result      jsonb;
+  ADD COLUMN IF NOT EXISTS result      jsonb,
+  ADD COLUMN IF NOT EXISTS traceback   text;
 
 -- name: limits_table
 -- How many jobs of one group of a queue may run at once (Queue.limit, `pgqueue limit`);

@@ -417,7 +417,12 @@ def job(j: dict[str, Any], read_only: bool, hidden: bool) -> str:
         f"<h2>Payload</h2>{_block(j['payload'], hidden)}"
         f"<h2>Result</h2>{_result(j, hidden)}"
         f'<h2>Last error</h2><pre class="err">{e(j["last_error"] or "none")}</pre>'
-        "<h2>Durable steps</h2>"
+        + (
+            f'<h2>Traceback</h2><pre class="err">{e(j["traceback"])}</pre>'
+            if j.get("traceback")
+            else ""
+        )
+        + "<h2>Durable steps</h2>"
         + table(["step", "fence", "written", "output"], steps, "none stored")
     )
 
