@@ -219,7 +219,8 @@ def test_an_upgrade_of_a_first_release_table_with_rows(empty_dsn: str) -> None:
         assert conn.execute("SHOW lock_timeout").fetchone() == ("17s",)
     assert done.notify  # the first release's trigger stays
     assert done.changed[:3] == [
-        "added columns to jobs (finished_at, group_key, key, priority, result, slot, started_at, traceback)",
+        "added columns to jobs (finished_at, group_key, key, priority, result, slot, "
+        "started_at, traceback)",
         "added the status check (NOT VALID)",
         "added columns to jobs_archive",
     ]
