@@ -33,9 +33,10 @@ test: setup
 	echo "make test: tests and notebooks $$(verdict $$pytest); Django tests $$(verdict $$django)"; \
 	[ "$$pytest" = 0 ] && [ "$$django" = 0 ]
 
-## make test-fast: the library tests without the slow process, fault, Binder and browser ones
+## make test-fast: the tiers a change to the library needs first: tests/fast (no database,
+## seconds) and tests/library (against PostgreSQL), without the slow ones
 test-fast: setup
-	$(PY) -m pytest -m "not slow and not browser and not binder" tests
+	$(PY) -m pytest -n 2 -m "not slow and not browser and not binder" tests/fast tests/library
 
 ## make exercises: write notebooks/exercises/ (the lessons without their solutions) from notebooks/
 .PHONY: exercises
@@ -52,7 +53,7 @@ data: setup
 ## then the fence's model-based test with its longer profile (500 examples)
 soak: setup
 	$(VENV)/bin/pgqueue chaos --duration 600
-	PGQUEUE_MODEL_EXAMPLES=500 PGQUEUE_MODEL_STEPS=60 $(PY) -m pytest -q --timeout 3600 tests/test_fence_model.py
+	PGQUEUE_MODEL_EXAMPLES=500 PGQUEUE_MODEL_STEPS=60 $(PY) -m pytest -q --timeout 3600 tests/library/test_fence_model.py
 
 ## make course: open the notebooks in JupyterLab
 course: setup

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-# pgqueue's own test helpers (pgqueue/testing.py), which tests/test_testing_helpers.py uses:
+# pgqueue's own test helpers (pgqueue/testing.py), which tests/library/test_testing_helpers.py uses:
 # installed, the pytest11 entry point loads them too, under the same name (loaded once).
 pytest_plugins = ["pgqueue.testing"]
 

@@ -6,7 +6,7 @@ may start, what is late, which completions are due, what a row read back after a
 reply says, which retry delay applies. Rule 2: nothing here imports asyncio, psycopg or
 ``time``; the time is an argument (seconds on the caller's monotonic clock) and the state
 is the counts the engine passes. Rule 3: the engine (``engine.py``) does the I/O and calls
-these, so each rule is tested in milliseconds (tests/test_rules.py) and written once.
+these, so each rule is tested in milliseconds (tests/fast/test_rules.py) and written once.
 
 Theory of operation. A worker holds claims: a claim is *unfinished* while its handler may
 still run, and *finishing* once its completion, fail or release is on its way. Plain

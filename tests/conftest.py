@@ -117,6 +117,6 @@ def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condi
 @pytest.fixture(scope="session")
 def pgqueue_databases(admin_dsn: str) -> Iterator[Databases]:
     """pgqueue.testing's databases on this session's test server (the plugin would start
-    an embedded server of its own): tests/test_testing_helpers.py uses its fixtures."""
+    an embedded server of its own): tests/library/test_testing_helpers.py uses its fixtures."""
     with Databases(admin_dsn) as databases:
         yield databases

@@ -13,7 +13,7 @@ fenced write (``Job.fenced_write`` stores the job id beside the fence), and
 ``report_log (job_id bigint, fence bigint, pid int, accepted bool)`` with what happened,
 so a test can see a rejected late write that left no other trace.
 
-``tracked`` (tests/test_limits.py) logs each run of a job to ``runs`` (``RUNS_TABLE``):
+``tracked`` (tests/library/test_limits.py) logs each run of a job to ``runs`` (``RUNS_TABLE``):
 which job, its ``group`` (from the payload), the worker's pid, and when it began and
 ended by the database's clock, so overlapping runs of one group can be counted exactly.
 """
@@ -32,7 +32,7 @@ CREATE TABLE report_log (job_id bigint, fence bigint, pid int, accepted bool);
 """
 
 
-# The table ``tracked`` writes to; tests/test_limits.py creates it before starting workers.
+# The table ``tracked`` writes to; tests/library/test_limits.py creates it before starting workers.
 RUNS_TABLE = """
 CREATE TABLE runs (job_id bigint, grp text, pid int, began timestamptz, ended timestamptz);
 """

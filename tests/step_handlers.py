@@ -1,4 +1,4 @@
-"""A three-step handler for worker subprocesses (tests/test_steps.py):
+"""A three-step handler for worker subprocesses (tests/library/test_steps.py):
 ``pgqueue worker tests.step_handlers:three_steps``.
 
 Each step's function logs its run to ``step_runs`` (``STEP_RUNS``) with the attempt that

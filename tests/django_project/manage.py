@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""The test project's manage.py (tests/test_django.py runs it; PGQUEUE_DJANGO_DSN names the
-database)."""
+"""The test project's manage.py (tests/integrations/test_django.py runs it;
+PGQUEUE_DJANGO_DSN names the database)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ django==X``, kept in ``--cache``), unpacks it in a temporary directory, adds
 ``pgqueue_suite_settings`` beside Django's ``tests/tasks``, and runs ``tests/runtests.py
 pgqueue_tasks`` on the PostgreSQL server ``--dsn`` names (default: pgqueue's usual order).
 Prints Django's output, then one line per test that did not pass; exits with the runner's
-code. ``outcomes()`` parses that output (tests/test_django_suite.py uses it).
+code. ``outcomes()`` parses that output (tests/integrations/test_django_suite.py uses it).
 """
 
 from __future__ import annotations

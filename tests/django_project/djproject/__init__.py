@@ -1,1 +1,1 @@
-"""A small Django project on PostgreSQL, for tests/test_django.py."""
+"""A small Django project on PostgreSQL, for tests/integrations/test_django.py."""

@@ -1,4 +1,4 @@
-"""The test project's tasks (tests/test_django.py)."""
+"""The test project's tasks (tests/integrations/test_django.py)."""
 
 from __future__ import annotations
 
