@@ -227,8 +227,18 @@ def test_fencing_draws_the_stored_fences_and_where_a_late_write_is_refused(
     [ax] = fig.axes
     assert [t.get_text() for t in ax.get_yticklabels()] == ["A", "B", "jobs row", "reports row"]
     texts = _texts(fig)
-    assert texts.count("1 < 2: refused") == 2
+    # The job's row takes only its current fence, the report's row any fence no older.
+    assert texts.count("1 ≠ 2: refused") == 1 and texts.count("1 < 2: refused") == 1
     assert "fence 2" in texts or "f=2" in texts
+    # The stored fence is drawn as a step: the job row's segments climb with 0, 1, 2 (the
+    # lanes' axis runs downwards, so a higher fence has a smaller y).
+    jobs_y = [t.get_text() for t in ax.get_yticklabels()].index("jobs row")
+    steps = [
+        line.get_ydata()[0]
+        for line in ax.lines
+        if line.get_linewidth() == 5 and abs(line.get_ydata()[0] - jobs_y) < 0.5
+    ]
+    assert len(steps) == 3 and steps[0] > steps[1] > steps[2], steps
     arrows = [t for t in ax.texts if t.get_text() == "" and t.arrow_patch is not None]
     assert len(arrows) == 6  # two claims, two accepted writes, two refused
     _labels_apart(fig)
