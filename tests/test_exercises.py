@@ -56,20 +56,33 @@ def test_each_lesson_names_its_databases_by_its_own_number() -> None:
             assert not number.isdigit() or number in lessons, (path.name, name)
 
 
-def test_make_test_does_not_collect_the_exercise_copies() -> None:
-    # The copies cannot run (their checks fail until the learner answers); the root
-    # conftest.py keeps nbval away from them. This is make test's own selection.
-    nbval = ["--nbval", "--nbval-sanitize-with", "notebooks/sanitize.cfg", "notebooks"]
-    collected = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *nbval],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_make_test_collects_the_lessons_only() -> None:
+    # The copies cannot run (their checks fail until the learner answers), and a notebook a
+    # learner saves in notebooks/ is theirs: the root conftest.py keeps nbval to the lessons
+    # the course map links to. This is make test's own selection.
+    saved = [
+        ROOT / "notebooks" / "Untitled.ipynb",
+        ROOT / "notebooks" / "02-skip-locked-Copy1.ipynb",
+    ]
+    for path in saved:
+        path.write_text((ROOT / "notebooks" / "02-skip-locked.ipynb").read_text())
+    try:
+        nbval = ["--nbval", "--nbval-sanitize-with", "notebooks/sanitize.cfg", "notebooks"]
+        collected = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+             *nbval],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )  # fmt: skip
+    finally:
+        for path in saved:
+            path.unlink()
     assert collected.returncode == 0, collected.stdout + collected.stderr
-    assert "01-the-table.ipynb" in collected.stdout
-    assert "exercises/" not in collected.stdout
+    files = {line.split("::")[0] for line in collected.stdout.splitlines() if "::" in line}
+    lessons = {f"notebooks/{p.name}" for p in (ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb")}
+    assert files == lessons, files ^ lessons
 
 
 # A small lesson in the course's exercise format.
