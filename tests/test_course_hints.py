@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
+import time
 from typing import Any
 
 import psycopg
@@ -257,6 +258,28 @@ def test_the_guard_check_tells_a_raising_and_a_double_sending_guard_apart(
     assert {want: kind for want, (_, _, kind) in results.items()} == {k: k for k in results}
     distinct(results)
     assert "DO NOTHING" in results["conflict"][1] and "DO NOTHING" not in results["conflict"][0]
+
+
+@pytest.mark.slow  # three paused-worker stories, and a wait for a retry's backoff
+def test_a_guard_that_raised_leaves_no_job_for_the_next_checks_paused_worker(
+    dsn: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A guard that raises on every run fails its job, which the worker retries after a
+    backoff: in a queue shared by every story, the next check's A claimed that older job
+    first and never ended the check's own (a TimeoutError instead of a verdict)."""
+    story = functools.partial(nb05.paused_worker_story, pause=1.0, lease=0.4)
+    monkeypatch.setattr(nb05, "paused_worker_story", story)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE sent_emails (job_id bigint PRIMARY KEY, to_addr text NOT NULL,"
+            " sent_at timestamptz NOT NULL DEFAULT now())"
+        )
+    raising = GUARD.replace("(job_id, to_addr)", "(job, to_addr)")  # no such column
+    with pytest.raises(ExerciseFailed, match="UndefinedColumn"):
+        nb05.check_guard(raising, dsn)
+    time.sleep(4.5)  # the failed job's backoff (1 s x 2^2) is over: it is ready again
+    nb05.check_guard(GUARD, dsn)
+    assert "sent one e-mail" in capsys.readouterr().out
 
 
 # Notebook 17: the bound on re-runs of a fault plan (the plans alone: no chaos run).
