@@ -129,7 +129,12 @@ WRONG_REAPERS = {
     " finished_at = CASE WHEN attempts >= max_attempts THEN now() END " + WHERE_EXPIRED,
     "attempts": f"UPDATE jobs {SET_STATUS} lease_until = NULL, attempts = attempts + 1,"
     " finished_at = CASE WHEN attempts >= max_attempts THEN now() END " + WHERE_EXPIRED,
+    # Both passed the check before: a reaper that takes leases a few seconds early, and one
+    # that leaves run_at alone (the returned job jumps ahead of those waiting; notebook 17).
+    "early": REAP.replace("lease_until < now()", "lease_until < now() + interval '5 seconds'"),
+    "run-at": REAP.replace("    run_at      = now(),\n", ""),
 }
+assert all(wrong != REAP for wrong in WRONG_REAPERS.values())
 
 
 def test_the_reaper_check_passes_the_solution_and_checks_finished_at(

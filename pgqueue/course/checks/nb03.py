@@ -140,6 +140,7 @@ _ROWS = {
     4: ("running", "30 seconds", 3, 3, "running"),  # healthy, last attempt: not dead yet
     5: ("done", "-10 seconds", 1, 3, "done"),  # finished (a lease_until left behind)
     6: ("ready", None, 2, 3, "ready"),  # waiting for a retry
+    7: ("running", "2 seconds", 1, 3, "running"),  # about to run out, but not yet
 }
 
 
@@ -180,7 +181,8 @@ def check_reaper(dsn: str, statement: object) -> None:
             row[0]: row[1:]
             for row in conn.execute(
                 "SELECT id, status, lease_until, attempts, fence,"
-                " abs(extract(epoch FROM finished_at - now())) < 1 FROM jobs ORDER BY id"
+                " abs(extract(epoch FROM finished_at - now())) < 1,"
+                " abs(extract(epoch FROM run_at - now())) < 1 FROM jobs ORDER BY id"
             ).fetchall()
         }
         for job_id in (3, 4):
@@ -190,6 +192,13 @@ def check_reaper(dsn: str, statement: object) -> None:
                 f"the reaper returned job {job_id}, whose lease ends 30 s from now",
                 "compare lease_until with now(): lease_until < now()",
             )
+        hints.expect(
+            7 not in returned and rows[7][0] == "running",
+            "early",
+            "the reaper returned job 7, whose lease still has 2 s to run: its worker may be "
+            "about to heartbeat, and now two workers hold the job",
+            "a lease ends when lease_until has passed, not shortly before: lease_until < now()",
+        )
         for job_id, what in ((5, "done"), (6, "ready, waiting for a retry")):
             hints.expect(
                 job_id not in returned and rows[job_id][0] == _ROWS[job_id][4],
@@ -250,7 +259,14 @@ def check_reaper(dsn: str, statement: object) -> None:
                 "only a claim counts an attempt; the reaper just hands the job back",
             )
         hints.expect(
-            rows[3][1] == before[3] and rows[4][1] == before[4],
+            rows[1][5] is True,
+            "run-at",
+            "job 1 is ready again, but its run_at still says a minute ago: claims take the "
+            "oldest run_at first, so it would jump ahead of every job already waiting",
+            "set run_at = now(): a returned job goes to the back of the line",
+        )
+        hints.expect(
+            rows[3][1] == before[3] and rows[4][1] == before[4] and rows[7][1] == before[7],
             "live-changed",
             "your reaper changed the lease of a healthy job",
             "leave running jobs with a lease in the future alone",
@@ -263,7 +279,7 @@ def check_reaper(dsn: str, statement: object) -> None:
             "a returned job must no longer match the WHERE clause",
         )
     passed(
-        "your reaper returned job 1 (ready) and job 2 (dead, finished now, no attempts left), "
-        "left the two live leases and the jobs that were not running alone, and a second run "
-        "found nothing"
+        "your reaper returned job 1 (ready, at the back of the line) and job 2 (dead, "
+        "finished now, no attempts left), left the three live leases (one with 2 s to go) and "
+        "the jobs that were not running alone, and a second run found nothing"
     )
