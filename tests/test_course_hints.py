@@ -361,7 +361,25 @@ async def not_awaited(job: Any) -> None:
 
 async def wrong_key(job: Any) -> None:
     body = await send_email(job.payload["order_id"])
-    await job.fenced_write("receipts", {"order_id": job.id + 1000}, {"body": body})
+    await job.fenced_write("receipts", {"order_id": job.id + 5000}, {"body": body})
+
+
+async def keyed_by_job_id(job: Any) -> None:  # passed while the orders were 1..20, like ids
+    body = await send_email(job.payload["order_id"])
+    await job.fenced_write("receipts", {"order_id": job.id}, {"body": body})
+
+
+async def body_not_awaited(job: Any) -> None:  # stored "<coroutine object ...>" and passed
+    order_id = job.payload["order_id"]
+    body = send_email(order_id)
+    await job.fenced_write("receipts", {"order_id": order_id}, {"body": str(body)})
+    body.close()
+
+
+async def body_of_another_order(job: Any) -> None:
+    order_id = job.payload["order_id"]
+    await send_email(order_id)
+    await job.fenced_write("receipts", {"order_id": order_id}, {"body": "e-mail sent"})
 
 
 @pytest.mark.usefixtures("course_server")
@@ -377,7 +395,10 @@ def test_the_async_handler_check_tells_a_lost_write_from_a_wrong_key(
     results = {
         "no-await": slips(check, nb13.HINTS, not_awaited),
         "keyed": slips(check, nb13.HINTS, wrong_key),
+        "body-coroutine": slips(check, nb13.HINTS, body_not_awaited),
+        "body": slips(check, nb13.HINTS, body_of_another_order),
     }
+    assert slips(check, nb13.HINTS, keyed_by_job_id)[2] == "keyed"
     assert {want: kind for want, (_, _, kind) in results.items()} == {k: k for k in results}
     distinct(results)
 
