@@ -274,4 +274,13 @@ def test_notify_ratios_pair_the_trigger_on_and_off_rows() -> None:
     assert len(ratios) == len(notify) // 2
     assert set(ratios.index.get_level_values("method")) == {"enqueue", "enqueue_many"}
     assert (ratios.ratio_min <= ratios.ratio_off_to_on).all()
-    _titled(failures.plot_notify_cost(notify, failures.stamp(notify, machine)))
+    # 16 producers: every run apart; 4 producers: the runs overlap (within noise)
+    assert ratios.apart[("enqueue", 16)] and not ratios.apart[("enqueue", 4)]
+    fig = failures.plot_notify_cost(notify, failures.stamp(notify, machine))
+    _titled(fig)
+    left = fig.axes[0]
+    # every run drawn as its own marker (3 per setting, trigger on and off), no trend line
+    points = sum(len(line.get_xdata()) for line in left.get_lines())
+    assert points == 3 * len(notify[notify.method == "enqueue"])
+    notes = [t.get_text() for t in left.texts]
+    assert sum("within noise" in n for n in notes) == 1
