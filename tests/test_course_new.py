@@ -152,14 +152,27 @@ def test_one_slot_ticked_twice_at_once_and_by_a_stale_worker_makes_one_job(dsn: 
     }
 
 
-def test_a_stale_step_checked_then_written_becomes_the_answer_and_job_step_refuses_it(
-    dsn: str,
-) -> None:
-    broken = steps_lab.stale_step(dsn, "check, then write")
-    assert broken["B's step two returned"] == "A's charge" and broken["stored under fence"] == 1
-    fenced = steps_lab.stale_step(dsn, "job.step")
-    assert fenced["A's step two"].startswith("LeaseLost")
-    assert fenced["B's step two returned"] == "B's charge" and fenced["stored under fence"] == 2
+def test_the_result_waits_are_drawn_with_their_polls_and_marks() -> None:
+    import matplotlib.pyplot as plt
+
+    def wait(poll: float, returned: float) -> dict[str, Any]:
+        at = {"result() called": 100.0, "handler returned": 100.2, "job row done": 100.21}
+        return {
+            "result": {"sum": 5},
+            "at": at | {"result() returned": 100.0 + returned},
+            "poll every (s)": poll,
+        }
+
+    waits = {"LISTEN, poll 5 s": wait(5.0, 0.25), "poll 1 s only": wait(1.0, 1.0)}
+    assert abs(steps_lab.waited(waits["poll 1 s only"]) - 0.8) < 1e-9
+    fig = steps_lab.draw_result_waits(waits)
+    [ax] = fig.axes
+    assert ax.get_title() and ax.get_xlabel().endswith("(s)") and ax.get_ylabel()
+    legend = {t.get_text() for t in ax.get_legend().get_texts()}
+    assert {"handler returned", "job row done", "result() returned"} <= legend
+    assert "a poll due (poll_interval)" in legend
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(waits)
+    plt.close(fig)
 
 
 def test_the_chaos_trace_never_counts_a_done_jobs_finishing_run_as_lost() -> None:
