@@ -445,3 +445,32 @@ def test_the_fleet_check_tells_each_miscounted_connection_apart(
     results = {want: slips(nb14.check_fleet, nb14.HINTS, f) for want, f in wrong.items()}
     assert {want: kind for want, (_, _, kind) in results.items()} == {k: k for k in results}
     distinct(results)
+
+
+def _drain(count_answer: bool) -> Any:
+    """A worker loop for 02's exercise, counting its completions from complete()'s answer
+    or (wrong) counting every complete it called."""
+
+    def drain(q: Any, handler: Any, queue: str) -> int:
+        completed = 0
+        while jobs := q.claim(queue, limit=5, lease=30):
+            for job in jobs:
+                try:
+                    handler(job)
+                except Exception as exc:
+                    q.fail(job, f"{type(exc).__name__}: {exc}")
+                    continue
+                took = q.complete(job)
+                completed += 1 if (took or not count_answer) else 0
+        return completed
+
+    return drain
+
+
+def test_02_worker_loop_counts_only_completions_that_took_effect(capsys: Any) -> None:
+    nb02.check_worker_loop(_drain(count_answer=True))
+    assert "the one cancelled mid-run not counted" in capsys.readouterr().out
+    # Counting every q.complete called, without its answer: the cancelled job's complete
+    # returned False (passed before: no complete was ever refused in the check).
+    with pytest.raises(ExerciseFailed, match="returned False and completed nothing"):
+        nb02.check_worker_loop(_drain(count_answer=False))
