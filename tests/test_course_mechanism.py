@@ -256,6 +256,16 @@ def test_the_learners_statements_survive_the_paused_worker_and_broken_ones_do_no
     first, _ = slips(nb04.check_paused_worker, nb04.STORY_HINTS, dsn, always_fine)
     assert kinds(nb04.STORY_HINTS) == {"a-told"}
 
+    def complete_first(conn: psycopg.Connection, job: Job, body: str) -> tuple[bool, bool]:
+        # Right statements, wrong order: passed before, since nothing came between them.
+        completed = conn.execute(COMPLETE, {"id": job.id, "fence": job.fence}).rowcount == 1
+        row = {"id": 1, "body": body, "job_id": job.id, "fence": job.fence}
+        return conn.execute(WRITE, row).rowcount == 1, completed
+
+    first, _ = slips(nb04.check_paused_worker, nb04.STORY_HINTS, dsn, complete_first)
+    assert kinds(nb04.STORY_HINTS) == {"order"}
+    assert "left the job done and report 1 missing" in first
+
 
 FAIL = """
 UPDATE jobs

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from typing import Any
 
 import psycopg
@@ -461,11 +462,34 @@ def check_side_write(dsn: str, statement: object) -> None:
 Work = Callable[[psycopg.Connection, Job, str], tuple[object, object]]
 
 
+class _Killed(BaseException):
+    """The check's stand-in for a worker killed between two statements (a BaseException,
+    so that an ``except Exception`` in the reader's code does not catch it)."""
+
+
+class _KilledAfter:
+    """A connection that runs ``statements`` statements and then dies: the next
+    ``execute`` raises ``_Killed`` instead of running. Everything else is the connection's."""
+
+    def __init__(self, conn: psycopg.Connection, statements: int) -> None:
+        self._conn, self._left = conn, statements
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        if self._left == 0:
+            raise _Killed("the worker was killed here")
+        self._left -= 1
+        return self._conn.execute(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
 def check_paused_worker(dsn: str, work: Work) -> None:
     """Replay the paused-worker story with the reader's ``work(conn, job, body)`` (one pass
     of a worker's loop: write report 1, complete the job; returns whether each took
     effect): A claims and freezes past its lease, the reaper returns the job, B claims and
-    works; A wakes after B, and (second run) before B has written anything."""
+    works; A wakes after B, and (second run) before B has written anything. Then a worker
+    killed between its two statements must not leave a done job without its report."""
     hints = STORY_HINTS
     expect(callable(work), "work should be a function work(conn, job, body)")
     outcomes = {}
@@ -509,10 +533,32 @@ def check_paused_worker(dsn: str, work: Work) -> None:
             "changes 0 rows",
         )
         outcomes[order] = a_did
+    # A worker killed between its two statements: whatever ran first stays. A report written
+    # and a job still running is retried (the reaper returns it); a job done without its
+    # report is never run again, and the report is lost.
+    with sandbox(dsn) as conn:
+        conn.execute(
+            "CREATE TEMP TABLE reports (id int PRIMARY KEY, body text NOT NULL,"
+            " job_id bigint, fence bigint NOT NULL)"
+        )
+        c = _claim(Queue(conn), {"report": 1})
+        with suppress(_Killed):
+            work(_KilledAfter(conn, 1), c, "report by C")  # type: ignore[arg-type]
+        reported = conn.execute("SELECT count(*) FROM reports WHERE id = 1").fetchone()
+        killed_row = _row(conn, c.id)
+    hints.expect(
+        not (killed_row["status"] == "done" and reported == (0,)),
+        "order",
+        "a worker killed between your two statements left the job done and report 1 "
+        "missing: nobody runs a done job again, so the report is lost for good",
+        "write the report first, then complete: killed in between, the job is still running "
+        "and the reaper gives it to another worker, whose fenced write replaces the report",
+    )
     late = outcomes["A wakes before B writes"]
     passed(
         "your statements survive the paused worker: whenever A wakes, the report is B's, the "
-        "job is done by B and A's complete is refused"
+        "job is done by B and A's complete is refused, and a worker killed between them "
+        "leaves no done job without its report"
         + (
             "; A's write into the still missing row went in and B's newer fence replaced it "
             "(pgqueue's job.fenced_write also checks the job row, and refuses it at once)"
