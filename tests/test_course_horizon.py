@@ -21,6 +21,9 @@ WRONG = {
     "xmin": RIGHT.replace(" OR backend_xmin IS NOT NULL", ""),
     "order": RIGHT.replace(" DESC", ""),
 }
+# Without ORDER BY the rows come in pg_stat_activity's own order (passed before: the check
+# opened its sessions oldest first, and the view listed them so).
+UNORDERED = RIGHT.replace("ORDER BY greatest(age(backend_xid), age(backend_xmin)) DESC", "")
 
 
 def test_the_right_query_passes(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -38,6 +41,15 @@ def test_each_wrong_query_gets_its_own_hint(dsn: str, kind: str) -> None:
         messages.append(str(info.value))
     assert set(nb09.HINTS.seen) == {kind}, messages
     assert "Hint:" not in messages[0] and "Hint:" in messages[1]
+
+
+def test_a_query_without_order_by_fails_on_the_order(dsn: str) -> None:
+    nb09.HINTS.seen.clear()
+    with pytest.raises(
+        ExerciseFailed, match=r"the one that holds the horizon furthest back|no ORDER BY"
+    ):
+        nb09.check_horizon_query(dsn, UNORDERED)
+    assert set(nb09.HINTS.seen) == {"order"}
 
 
 def test_a_query_without_the_names_is_told_what_to_return(dsn: str) -> None:

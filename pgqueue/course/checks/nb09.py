@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from contextlib import ExitStack
 
 import psycopg
@@ -27,10 +28,17 @@ HINTS = Hints()
 def _names(dsn: str, query: str) -> list[str]:
     """Run ``query`` while the sessions above sit idle; the check's session names it returned."""
     with ExitStack() as stack:
-        for name, statements in SESSIONS.items():
-            conn = stack.enter_context(
+        # Connected newest first, so that pg_stat_activity's own order (roughly by backend
+        # slot, which follows connecting) is not the age order: a query without ORDER BY
+        # lists the younger holder first.
+        conns = {
+            name: stack.enter_context(
                 psycopg.connect(dsn, autocommit=True, application_name=PREFIX + name)
             )
+            for name in reversed(SESSIONS)
+        }
+        for name, statements in SESSIONS.items():
+            conn = conns[name]
             for statement in statements:
                 conn.execute(statement)
             if name == "repeatable read":  # a few transactions, so the two holders differ in age
@@ -98,6 +106,13 @@ def check_horizon_query(dsn: str, query: str) -> None:
         "order",
         f"found both, in the order {found}: the one that holds the horizon furthest back "
         "should come first",
+        "ORDER BY greatest(age(backend_xid), age(backend_xmin)) DESC",
+    )
+    HINTS.expect(
+        re.search(r"\border\s+by\b", query, re.IGNORECASE) is not None,
+        "order",
+        "found both in the right order, but your query has no ORDER BY: pg_stat_activity "
+        "lists sessions in no promised order, and here it happened to match",
         "ORDER BY greatest(age(backend_xid), age(backend_xmin)) DESC",
     )
     passed(
