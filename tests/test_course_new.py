@@ -89,6 +89,14 @@ def test_the_tick_check_passes_the_solution_and_catches_the_races(
     without = TICK.replace("ON CONFLICT (schedule, slot) DO NOTHING", "")
     assert "unique_violation" in failures(nb15.check_tick, without, dsn)[0]
     assert pgqueue.Queue(dsn).stats()[0]["status"] == "finished"  # the check left no job
+    # A right tick but an empty payload: a job was made, just not findable by its keys (told
+    # "made no job in jobs" before)
+    empty = TICK.replace(
+        "jsonb_build_object('schedule', %(schedule)s::text, 'slot', slot)", "'{}'::jsonb"
+    )
+    first, _ = failures(nb15.check_tick, empty, dsn)
+    assert "with the payload {}" in first and "made no job" not in first
+    assert pgqueue.Queue(dsn).stats()[0]["status"] == "finished"  # nor the empty ones
 
 
 def test_the_step_check_passes_the_solution_and_tells_the_lock_slips_apart(dsn: str) -> None:
