@@ -305,3 +305,32 @@ def test_the_fail_check_passes_the_solution_and_tells_each_slip_apart(
         assert kinds(nb04.FAIL_HINTS) == {kind}, (wrong, first)
         seen[kind] = first
     assert len(set(seen.values())) == len(seen), "each slip has its own hint"
+
+
+# "Break it" exercises: the reader's statement with one clause taken out, its damage shown
+# live, and the reader's prediction compared with it.
+
+
+def test_03_reaper_without_run_at_lets_the_returned_job_jump_the_line(
+    dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert "run_at" not in nb03.without_run_at(REAP)
+    right = {"next_claimed": 1, "job_1_due_s_ago": 60}
+    nb03.check_reaper_without_run_at(dsn, REAP, right)
+    assert "jumps ahead of every job waiting" in capsys.readouterr().out
+    with pytest.raises(ExerciseFailed, match="it jumps ahead of jobs 2 and 3"):
+        nb03.check_reaper_without_run_at(dsn, REAP, right | {"next_claimed": 2})
+    with pytest.raises(ExerciseFailed, match="hold run_at = now"):
+        nb03.check_reaper_without_run_at(dsn, nb03.without_run_at(REAP), right)
+
+
+def test_04_complete_without_status_completes_a_dead_job(
+    dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    right = {"a_complete": True, "status": "done"}
+    nb04.check_complete_without_status(dsn, COMPLETE, right)
+    assert "made it done" in capsys.readouterr().out
+    with pytest.raises(ExerciseFailed, match="the reaper does not raise the fence"):
+        nb04.check_complete_without_status(dsn, COMPLETE, right | {"a_complete": False})
+    with pytest.raises(ExerciseFailed, match="given up on"):
+        nb04.check_complete_without_status(dsn, COMPLETE, right | {"status": "dead"})

@@ -15,7 +15,7 @@ from ...job import Job
 from ...queue import Queue
 from .. import lab
 from ..stories import sandbox
-from . import expect, passed
+from . import compare_prediction, expect, passed, take_out
 from .tiers import Hints
 
 BACKOFF = 2.0  # seconds; the check's backoff, so the first retry waits 2 * 2**1 = 4 s
@@ -259,6 +259,57 @@ def check_complete_without_fence(dsn: str, prediction: Mapping[str, object]) -> 
     passed(
         "right: without the fence A's stale complete takes effect and B, the rightful holder, "
         "is refused; with the fence (run too) A is refused and B finishes the job"
+    )
+
+
+def without_status(statement: object) -> str:
+    """The reader's COMPLETE without its ``status = 'running'`` condition."""
+    return take_out(
+        statement,
+        r"\s+AND\s+status\s*=\s*'running'|status\s*=\s*'running'\s+AND\s+",
+        "status = 'running'",
+        "COMPLETE",
+    )
+
+
+def _late_complete(dsn: str, statement: str) -> dict[str, object]:
+    """A claims a job on its one attempt and freezes; its lease runs out and the reaper
+    sends the job dead (nobody claims it again, so its fence stays A's); A wakes and
+    completes with ``statement``."""
+    with sandbox(dsn) as conn:
+        q = Queue(conn)
+        q.enqueue({"report": 1}, queue="story", max_attempts=1)
+        [a] = q.claim("story", lease=30)
+        _expire_and_reap(conn, q, a)
+        took = _run(conn, statement, {"id": a.id, "fence": a.fence}, "%(id)s and %(fence)s")
+        return {"a_complete": took == 1, "status": _row(conn, a.id)["status"]}
+
+
+def check_complete_without_status(dsn: str, statement: object, prediction: object) -> None:
+    """The reader's COMPLETE with ``status = 'running'`` taken out, run in the story of a
+    job the reaper sent dead before its frozen holder woke; the reader's prediction of
+    what the late complete does, and the story with the whole statement beside it."""
+    broken = _late_complete(dsn, without_status(statement))
+    compare_prediction(
+        prediction,
+        broken,
+        {
+            "a_complete": "the reaper does not raise the fence, so A's fence still matches "
+            "and, without the status, nothing else stops the UPDATE",
+            "status": "A's late complete turned a job the queue had given up on (dead, "
+            "with the reaper's note in last_error) into done",
+        },
+    )
+    real = _late_complete(dsn, str(statement))
+    expect(
+        real == {"a_complete": False, "status": "dead"},
+        f"with status = 'running' A's late complete should be refused and the job stay "
+        f"dead, but the story gave {real}",
+    )
+    passed(
+        "right: without status = 'running' A's late complete took a dead job (its fence "
+        "unchanged by the reaper) and made it done, telling A it had completed; with it "
+        "(run too) A is refused and the job stays dead with the reaper's note"
     )
 
 
