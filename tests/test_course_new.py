@@ -279,3 +279,15 @@ def test_the_chaos_figure_draws_each_rerun_jobs_fences_and_the_refused_late_writ
     assert abs(x - 19.0) < 0.01 and y < max(step.get_ydata()), "at 19 s, under the step to 2"
     assert fences.get_legend() is not None and scale.get_ylabel() == "fence"
     matplotlib.pyplot.close(fig)
+
+
+def test_16_a_step_checked_on_now_in_a_long_transaction_is_stored_late(
+    dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert "now()" in nb16.with_now(STEP_PUT) and "lease_until > clock" not in nb16.with_now(
+        STEP_PUT
+    )
+    nb16.check_step_put_with_now(dsn, STEP_PUT, {"stored": True})
+    assert "was stored" in capsys.readouterr().out
+    with pytest.raises(ExerciseFailed, match="the moment the transaction began"):
+        nb16.check_step_put_with_now(dsn, STEP_PUT, {"stored": False})
