@@ -236,6 +236,7 @@ def test_generating_twice_changes_nothing_and_check_finds_drift(
     plain = lesson()
     plain["cells"] = [c for c in plain["cells"] if "tags" not in c["metadata"]]
     (tmp_path / "04-fences.ipynb").write_text(json.dumps(plain), encoding="utf-8")
+    (tmp_path / "README.md").write_text(COURSE_MAP, encoding="utf-8")
     args = ["--notebooks", str(tmp_path)]
     copies = tmp_path / "exercises"
 
@@ -268,6 +269,25 @@ def test_generating_twice_changes_nothing_and_check_finds_drift(
     # Writing brings the folder back in sync, removing the copy without a source.
     assert exercises.main(args) == 0
     assert {p.name: p.read_bytes() for p in copies.iterdir()} == first
+
+
+COURSE_MAP = "| 03 | [Leases](03-leases.ipynb) | ... |\n| 04 | [Fences](04-fences.ipynb) | ... |\n"
+
+
+def test_the_lessons_are_the_notebooks_the_course_map_links_to(tmp_path: Path) -> None:
+    # A learner's copy saved beside the lessons is named like one; before, the glob made
+    # an exercise copy of it (exercises/03-leases-Copy1.ipynb)
+    for name in ("03-leases.ipynb", "04-fences.ipynb", "03-leases-Copy1.ipynb"):
+        (tmp_path / name).write_text(json.dumps(lesson()), encoding="utf-8")
+    (tmp_path / "README.md").write_text(COURSE_MAP, encoding="utf-8")
+    assert [p.name for p in exercises.lessons(tmp_path)] == ["03-leases.ipynb", "04-fences.ipynb"]
+    assert exercises.main(["--notebooks", str(tmp_path)]) == 0
+    assert sorted(p.name for p in (tmp_path / "exercises").iterdir()) == [
+        "03-leases.ipynb",
+        "04-fences.ipynb",
+    ]
+    # and the course's own: the seventeen lessons of notebooks/README.md
+    assert len(exercises.lessons(ROOT / "notebooks")) == 17
 
 
 def test_an_exercise_needs_a_solution_code_cell() -> None:
