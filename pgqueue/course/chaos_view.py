@@ -9,9 +9,12 @@ injector every fault (``chaos_faults``), both in database time, so the two can b
 from __future__ import annotations
 
 import contextlib
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -39,19 +42,46 @@ class ChaosRun:
     faults: pd.DataFrame  # kind, worker, at, detail: one row per injected fault
     results: pd.DataFrame  # job_id, worker, fence, history: the fenced result rows
     reruns: pd.DataFrame = field(default_factory=pd.DataFrame)  # see ``trace``
+    refused: pd.DataFrame = field(default_factory=pd.DataFrame)  # see ``refused_writes``
 
 
 class _KeepRows(_Run):
     """The chaos run, keeping its rows before cleanup stops its throwaway server."""
 
     rows: dict[str, list[tuple[Any, ...]]]
+    refused: pd.DataFrame
 
     def cleanup(self) -> None:
         self.rows = {}
         with contextlib.suppress(Exception):  # a run that failed early has nothing to keep
             for name, query in _QUERIES.items():
                 self.rows[name] = self.session.sql(query, [self.queue])
+        self.refused = refused_writes(self.log_dir)
         super().cleanup()
+
+
+# What the engine logs when the database refuses a stale holder's write (engine._log_end).
+_REFUSED = re.compile(
+    r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) \S+ (?P<lane>\S+): "
+    r"late (?P<action>\w+) of job (?P<job_id>\d+) refused: fence (?P<fence>\d+) is stale"
+)
+
+
+def refused_writes(log_dir: Path | None) -> pd.DataFrame:
+    """The late writes the database refused, as the worker processes logged them: one row
+    per refusal with ``at`` (the worker's clock, on the server's machine), ``worker`` (the
+    log file's name), ``job_id``, ``fence`` (the stale one it carried) and ``action``."""
+    rows = []
+    for path in sorted(log_dir.glob("*.log")) if log_dir is not None else []:
+        for line in path.read_text(errors="replace").splitlines():
+            found = _REFUSED.match(line)
+            if found:
+                at = datetime.strptime(found["at"], "%Y-%m-%d %H:%M:%S,%f").astimezone()
+                rows.append(
+                    (pd.Timestamp(at), path.stem, int(found["job_id"]), int(found["fence"]),
+                     found["action"])
+                )  # fmt: skip
+    return pd.DataFrame(rows, columns=["at", "worker", "job_id", "fence", "action"])
 
 
 _COLUMNS = {
@@ -90,6 +120,7 @@ def run_chaos(config: Config, say: Callable[[str], None] | None = None) -> Chaos
     }
     result = ChaosRun(report, lines, **frames)
     result.reruns = trace(result.jobs, result.runs, result.faults)
+    result.refused = chaos.refused
     return result
 
 
@@ -185,7 +216,14 @@ def plot_run(run: ChaosRun, *, title: str = "") -> Figure:
     def s(at: Any) -> float:
         return (at - t0).total_seconds()
 
-    fig, ax = plt.subplots(figsize=(12, 1.8 + 0.9 * report.workers))
+    rerun_jobs = sorted({*run.reruns.get("job_id", []), *run.refused.get("job_id", [])})
+    fig, (ax, below) = plt.subplots(
+        2,
+        1,
+        figsize=(12, 2.6 + 0.9 * report.workers + 0.42 * len(rerun_jobs)),
+        sharex=True,
+        gridspec_kw={"height_ratios": [0.9 * report.workers + 0.6, 0.42 * len(rerun_jobs) + 0.6]},
+    )
     lanes = range(report.workers)
     starts = run.runs.assign(slot=run.runs["worker"].map(_slot), t=run.runs["started_at"].map(s))
     ax.scatter(starts["t"], starts["slot"], marker="|", s=70, color="0.6", linewidths=1)
@@ -239,7 +277,6 @@ def plot_run(run: ChaosRun, *, title: str = "") -> Figure:
     ax.set_yticks(list(lanes), [f"worker slot {i}" for i in lanes])
     ax.set_ylim(report.workers - 0.5, -0.75)
     ax.set_xlim(-0.5, end + 1.0)
-    ax.set_xlabel("time since the first job started (s)")
     ax.set_ylabel("worker process")
     ax.set_title(title or f"chaos run, seed {report.seed}: faults and the re-runs they caused")
     ax.grid(axis="x", alpha=0.3)
@@ -284,8 +321,65 @@ def plot_run(run: ChaosRun, *, title: str = "") -> Figure:
     ax.legend(
         handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False
     )
+    _draw_fences(below, run, rerun_jobs, s)
+    below.set_xlabel("time since the first job started (s)")
     fig.tight_layout()
     return fig
+
+
+def _draw_fences(ax: Any, run: ChaosRun, jobs: list[int], s: Callable[[Any], float]) -> None:
+    """One lane per job that ran more than once (or had a write refused): the fence each
+    attempt held as a step that rises at the attempt's start (a grey tick), and each late
+    write the database refused, at the stale fence it carried (a red cross)."""
+    from matplotlib.lines import Line2D
+
+    starts = run.runs[run.runs["job_id"].isin(jobs)]
+    refused = run.refused[run.refused["job_id"].isin(jobs)] if len(run.refused) else run.refused
+    fences = [*starts["fence"], *(refused["fence"] if len(refused) else [])]
+    top = max([1, *(int(f) for f in fences)])
+    end = ax.get_xlim()[1]
+    y = {job: len(jobs) - 1 - i for i, job in enumerate(jobs)}
+
+    def level(job: int, fence: int) -> float:
+        return y[job] - 0.32 + 0.64 * fence / top
+
+    for job in jobs:
+        mine = starts[starts["job_id"] == job].sort_values("started_at")
+        if not len(mine):
+            continue
+        xs = [s(at) for at in mine["started_at"]]
+        levels = [level(job, int(f)) for f in mine["fence"]]
+        ax.step([*xs, end], [*levels, levels[-1]], where="post", color="0.25", linewidth=1.8)
+        ax.fill_between(
+            [*xs, end], y[job] - 0.32, [*levels, levels[-1]], step="post", color="0.3", alpha=0.1
+        )
+        ax.scatter(xs, levels, marker="|", s=70, color="0.4", zorder=3)
+        ax.axhline(y[job] - 0.5, color="0.88", linewidth=0.8, zorder=0)
+    for row in refused.itertuples(index=False) if len(refused) else []:
+        ax.scatter(
+            [s(row.at)], [level(row.job_id, row.fence)], marker="X", s=110, color="red", zorder=4
+        )
+    ax.set_yticks([y[j] for j in jobs], [f"job #{j}" for j in jobs])
+    ax.set_ylim(-0.55, max(len(jobs), 1) - 0.45)
+    ax.set_ylabel("jobs run twice")
+    ax.grid(axis="x", alpha=0.3)
+    right = ax.twinx()
+    right.set_ylim(ax.get_ylim())
+    shown = range(1, top + 1) if top <= 4 else (1, top)
+    right.set_yticks(
+        [level(j, f) for j in jobs for f in shown], [str(f) for _ in jobs for f in shown]
+    )
+    right.tick_params(labelsize=6.5, length=2, pad=1)
+    right.set_ylabel("fence", fontsize=9)
+    handles = [
+        Line2D([], [], color="0.25", linewidth=1.8, label="fence of each attempt (step)"),
+        Line2D([], [], ls="", marker="|", color="0.4", markersize=9, label="the attempt starts"),
+        Line2D([], [], ls="", marker="X", color="red", markersize=9,
+               label="late write refused (stale fence)"),
+    ]  # fmt: skip
+    ax.legend(
+        handles=handles, loc="upper left", bbox_to_anchor=(1.03, 1.0), fontsize=8, frameon=False
+    )
 
 
 def explained(report: Report) -> dict[str, int]:

@@ -1,6 +1,7 @@
 """Make the exercise copies of the lessons: one source notebook, two outputs.
 
-The lessons ``notebooks/NN-name.ipynb`` are the solution notebooks, and nbval runs them.
+The lessons ``notebooks/NN-name.ipynb`` that the course map (``notebooks/README.md``) links
+to are the solution notebooks, and nbval runs them.
 ``python -m pgqueue.course.exercises`` writes ``notebooks/exercises/NN-name.ipynb`` from
 each of them:
 
@@ -57,9 +58,20 @@ Notebook = dict[str, Any]
 Cell = dict[str, Any]
 
 
+# A lesson is a notebook the course map links to, as the root conftest.py's
+# pytest_ignore_collect decides too: a learner's 02-skip-locked-Copy1.ipynb is not one.
+COURSE_MAP = "README.md"
+_MAP_LINK = re.compile(r"\]\((\d\d-[\w-]+\.ipynb)\)")
+
+
 def lessons(notebooks: Path) -> list[Path]:
-    """The source notebooks (``NN-name.ipynb``) in ``notebooks``, in course order."""
-    return sorted(notebooks.glob(LESSON_GLOB))
+    """The source notebooks in ``notebooks``, in course order: those its course map
+    (``README.md``) links to (``NN-name.ipynb``), not every file named like one."""
+    course_map = notebooks / COURSE_MAP
+    if not course_map.exists():
+        return []
+    linked = set(_MAP_LINK.findall(course_map.read_text(encoding="utf-8")))
+    return sorted(path for path in notebooks.glob(LESSON_GLOB) if path.name in linked)
 
 
 def has_exercise(nb: Notebook) -> bool:
@@ -179,7 +191,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     notebooks: Path = args.notebooks
     if not lessons(notebooks):
-        print(f"error: no lessons ({LESSON_GLOB}) in {notebooks}/", file=sys.stderr)
+        print(
+            f"error: no lessons in {notebooks}/ (notebooks {LESSON_GLOB} that its "
+            f"{COURSE_MAP} links to)",
+            file=sys.stderr,
+        )
         return 2
 
     problems = []

@@ -155,8 +155,10 @@ def plot_claim_cases(cases: pd.DataFrame, where: str) -> Figure:
 
 # -- 06: the cost of the NOTIFY trigger ------------------------------------------------
 def notify_ratios(notify: pd.DataFrame) -> pd.DataFrame:
-    """Per method and producers: jobs/s and commits/s with the trigger on and off, and the
-    median (min, max) of the per-repetition ratios off/on that the benchmark recorded."""
+    """Per method and producers: jobs/s and commits/s with the trigger on and off, the
+    median (min, max) of the per-repetition ratios off/on that the benchmark recorded, and
+    ``apart``: whether every run without the trigger beat every run with it (when it is
+    False, the runs overlap and the difference is within this machine's noise)."""
     import pandas as pd
 
     rows = []
@@ -174,63 +176,104 @@ def notify_ratios(notify: pd.DataFrame) -> pd.DataFrame:
                 "ratio_off_to_on": float(off["ratio_off_to_on"]),
                 "ratio_min": float(off["ratio_min"]),
                 "ratio_max": float(off["ratio_max"]),
+                "apart": bool(off["jobs_per_s_min"] > on["jobs_per_s_max"]),
             }
         )
     return pd.DataFrame(rows).set_index(["method", "producers"]).sort_index()
 
 
+def _runs(row: Any, prefix: str) -> list[float]:
+    """A setting's runs as the CSV records them: its min, median and max (with three runs,
+    as the committed benchmark made, these are the runs themselves)."""
+    return [
+        float(row[f"{prefix}_min"]),
+        float(row[f"{prefix}_median"]),
+        float(row[f"{prefix}_max"]),
+    ]
+
+
 def plot_notify_cost(notify: pd.DataFrame, where: str) -> Figure:
-    """Left: enqueue throughput (one job per transaction) against producers, trigger on
-    and off, min-max bands. Right: how many times faster without the trigger, per method."""
+    """Every run, not a trend line: left, each run's enqueue rate (one job per transaction)
+    with the trigger on and off, side by side per producer count, a bar at the median, and
+    whether the two sets of runs overlap; right, each repetition's ratio off/on per method.
+    With three 2 s runs on a shared machine the spread is as large as the effect at 1 and 4
+    producers, and the figure says so instead of drawing a line through the medians."""
     import matplotlib.pyplot as plt
 
     ratios = notify_ratios(notify)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
     single = notify[notify["method"] == "enqueue"]
-    for trigger, color, style, label in (
-        ("on", "C3", "o-", "NOTIFY trigger on (the default)"),
-        ("off", "C0", "s--", "trigger off (install(notify=False))"),
+    producers = sorted(int(p) for p in single["producers"].unique())
+    xs = range(len(producers))
+    for shift, trigger, color, marker, label in (
+        (-0.17, "on", "C3", "o", "NOTIFY trigger on (the default)"),
+        (0.17, "off", "C0", "s", "trigger off (install(notify=False))"),
     ):
-        part = single[single["trigger"] == trigger].sort_values("producers")
-        left.plot(part["producers"], part["jobs_per_s_median"], style, color=color, label=label)
-        left.fill_between(
-            part["producers"],
-            part["jobs_per_s_min"],
-            part["jobs_per_s_max"],
-            color=color,
-            alpha=0.12,
+        part = single[single["trigger"] == trigger].set_index("producers")
+        for x, p in enumerate(producers):
+            runs = _runs(part.loc[p], "jobs_per_s")
+            left.plot(
+                [x + shift] * 3,
+                runs,
+                marker,
+                color=color,
+                mfc="none",
+                ms=7,
+                label=f"{label}: one 2 s run" if x == 0 else None,
+            )
+            left.hlines(
+                runs[1],
+                x + shift - 0.12,
+                x + shift + 0.12,
+                color=color,
+                lw=2.5,
+                label="median of 3 runs" if x == 0 and trigger == "off" else None,
+            )
+    top = float(single["jobs_per_s_max"].max())
+    for x, p in enumerate(producers):
+        apart = bool(ratios.loc[("enqueue", p), "apart"])
+        left.text(
+            x,
+            top * 1.06,
+            "every run faster\nwithout" if apart else "runs overlap:\nwithin noise",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            color="0.1" if apart else "0.45",
         )
-    producers = sorted(single["producers"].unique())
-    for ax in (left, right):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(producers, [str(p) for p in producers])
-        ax.set_xlabel("concurrent producers (threads, one connection each)")
-    left.set_ylim(bottom=0)
+    left.set_ylim(0, top * 1.3)
     left.set_ylabel("jobs enqueued per second (jobs/s)")
-    left.set_title("enqueue, one job per transaction (lines: median, bands: min-max)")
-    left.legend(fontsize=8, loc="upper left")
-    for method, color in (("enqueue", "C3"), ("enqueue_many", "C1")):
+    left.set_title("enqueue, one job per transaction: every run")
+    left.legend(fontsize=7.5, loc="lower left")
+    for shift, method, color in ((-0.12, "enqueue", "C3"), (0.12, "enqueue_many", "C1")):
         part = ratios.loc[method]
         per_tx = part["jobs_per_transaction"].iloc[0]
-        right.errorbar(
-            part.index,
-            part["ratio_off_to_on"],
-            yerr=[
-                part["ratio_off_to_on"] - part["ratio_min"],
-                part["ratio_max"] - part["ratio_off_to_on"],
-            ],
-            fmt="o-",
-            color=color,
-            capsize=4,
-            label=f"{method}: {per_tx} job(s) per transaction",
-        )
+        for x, p in enumerate(producers):
+            row = part.loc[p]
+            runs = [float(row[k]) for k in ("ratio_min", "ratio_off_to_on", "ratio_max")]
+            right.plot(
+                [x + shift] * 3,
+                runs,
+                "o",
+                color=color,
+                mfc="none",
+                ms=7,
+                label=f"{method} ({per_tx} job(s) per transaction): one repetition"
+                if x == 0
+                else None,
+            )
+            right.hlines(runs[1], x + shift - 0.1, x + shift + 0.1, color=color, lw=2.5)
     right.axhline(1, color="0.4", ls=":", label="no cost (ratio 1)")
     right.set_ylim(bottom=0)
-    right.set_ylabel("throughput without trigger / with it (ratio)")
-    right.set_title("Times faster without the trigger (median, min-max of runs)")
-    right.legend(fontsize=8, loc="upper left")
+    right.set_ylabel("jobs/s without trigger / with it, per repetition (ratio)")
+    right.set_title("Times faster without the trigger (bar: median)")
+    right.legend(fontsize=7.5, loc="upper left")
+    for ax in (left, right):
+        ax.set_xticks(list(xs), [str(p) for p in producers])
+        ax.set_xlim(-0.5, len(producers) - 0.5)
+        ax.set_xlabel("concurrent producers (threads, one connection each)")
     fig.suptitle("Notifying commits take turns: enqueue with and without the NOTIFY trigger")
-    _footer(fig, f"data/bench_notify.csv; {where}")
+    _footer(fig, f"data/bench_notify.csv, three 2 s runs per setting; {where}")
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 

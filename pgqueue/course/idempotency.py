@@ -78,15 +78,20 @@ def paused_worker_story(
     handler: Callable[[Job], Any],
     *,
     payload: dict[str, Any],
-    queue: str = "emails",
+    queue: str | None = None,
     pause: float = 2.0,
     lease: float = 1.0,
     events: EventLog | None = None,
 ) -> tuple[int, EventLog]:
     """Replay the paused worker with ``handler``: worker A claims the job and freezes as its
     handler starts, past its lease; B takes the job over and runs it; A wakes up and runs the
-    rest of its handler as if no time had passed. Returns the job id and the events."""
+    rest of its handler as if no time had passed. Returns the job id and the events.
+
+    Each story runs on a queue of its own (``emails-<n>`` unless ``queue`` is given): a job
+    an earlier story left ready (a handler that raised is retried later) would otherwise be
+    the first that this story's A claims."""
     events = events if events is not None else EventLog()
+    queue = queue or f"emails-{time.monotonic_ns()}"
     with Queue(dsn) as q:
         job_id = q.enqueue(payload, queue=queue)
     common: dict[str, Any] = dict(

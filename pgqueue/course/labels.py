@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 _LABEL = {"fontsize": 8}
+_GAP = 5.0  # points kept clear between two labels side by side, so they never read as one
 _BAR = 0.14  # half the height of a hold bar, in lanes (timeline_bars.py draws the bars with it)
 
 
@@ -26,6 +27,7 @@ class _Labels:
         self.obstacles: list[tuple[str, tuple[float, ...]]] = []
         self.fixed: list[Any] = []
         self.dropped: list[str] = []
+        self.placed: list[Any] = []  # the labels drawn so far, as padded boxes
 
     def add(
         self,
@@ -94,7 +96,7 @@ class _Labels:
         # One lane in points, so the first slots just clear a hold bar.
         lane = abs(data.transform((0, 1))[1] - data.transform((0, 0))[1]) / px
         near = _BAR * lane + 1.0
-        far = near + 10.0
+        far = near + 11.0
         up = [(near, "bottom"), (far, "bottom")]
         down = [(-near, "top"), (-far, "top")]
         for _, x, y, texts, side, stay_right, style in sorted(
@@ -126,16 +128,27 @@ class _Labels:
         renderer: Any,
     ) -> bool:
         """Draw ``text`` in the first slot where it fits; False if none."""
+        from matplotlib.transforms import Bbox
+
         for dx, dy, ha, va in slots:
             label = self.ax.annotate(
                 text, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va, **style
             )
             box = label.get_window_extent(renderer).padded(1.0)
+            # Beside another label, a wider margin across, so two labels side by side never
+            # read as one ("#19 f=1#19 f=3"); markers and bars need only the padding.
+            gap = _GAP * self.ax.figure.dpi / 72.0
+            wide = Bbox.from_extents(box.x0 - gap, box.y0, box.x1 + gap, box.y1)
             inside = (
                 box.x0 >= area.x0 and box.x1 <= area.x1 and box.y0 >= area.y0 and box.y1 <= area.y1
             )
-            if inside and not any(box.overlaps(other) for other in taken):
+            if (
+                inside
+                and not any(box.overlaps(other) for other in taken)
+                and not any(wide.overlaps(other) for other in self.placed)
+            ):
                 taken.append(box)
+                self.placed.append(box)
                 return True
             label.remove()
         return False

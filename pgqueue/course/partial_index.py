@@ -85,36 +85,41 @@ _SIZE_STYLE = {  # relation: (line style, marker size, label); the partial lines
 
 
 def draw_sizes(sizes: pd.DataFrame) -> Figure:
-    """Each relation's size against the finished jobs in the table, log scale."""
-    fig, ax = plt.subplots(figsize=(11, 4.5))
+    """Each relation's size against the finished jobs in the table, on linear axes: the
+    table and its primary key grow in proportion (left, MB); the partial indexes, drawn on a
+    scale of their own (right, kB), stay where they were."""
+    fig, (grows, flat) = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)
     for column in sizes.columns.drop("done_jobs"):
         style, size, label = _SIZE_STYLE.get(column, (".--", 6, column))
+        full = column in ("jobs", "jobs_pkey")
+        ax = grows if full else flat
         ax.plot(
             sizes["done_jobs"],
-            sizes[column] / 1024,
+            sizes[column] / (1024 * 1024 if full else 1024),
             style,
             ms=size,
             mfc="none" if "--" in style else None,
             label=f"{label}: {sizes[column].iloc[-1] / 1024:,.0f} kB",
         )
-    ax.set_yscale("log")
-    ax.xaxis.set_major_formatter("{x:,.0f}")
-    ax.yaxis.set_major_formatter("{x:,.0f}")
-    ax.set_ylim(4, None)
-    ax.set_title("Disk used as finished jobs pile up: the partial indexes stay flat")
-    ax.set_xlabel("finished (done) jobs in the table")
-    ax.set_ylabel("size on disk (kB, log scale)")
-    ax.legend(
-        loc="upper left",
-        bbox_to_anchor=(1.01, 1.0),
-        fontsize=8,
-        title="size at the end",
-        title_fontsize=8,
-        frameon=False,
-    )
-    ax.grid(alpha=0.3)
+    grows.set_title("The table and its primary key grow with every finished job")
+    grows.set_ylabel("size on disk (MB)")
+    flat.set_title("The partial indexes stay the size they were")
+    flat.set_ylabel("size on disk (kB)")
+    flat.set_ylim(0, 2 * max(sizes[c].max() for c in flat_columns(sizes)) / 1024)
+    for ax in (grows, flat):
+        ax.xaxis.set_major_formatter("{x:,.0f}")
+        ax.set_xlabel("finished (done) jobs in the table")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", fontsize=8, title="size at the end", title_fontsize=8)
+    fig.suptitle("Disk used as a million finished jobs pile up (linear axes)")
     fig.tight_layout()
     return fig
+
+
+def flat_columns(sizes: pd.DataFrame) -> list[str]:
+    """The relations of ``sizes`` drawn on the right: every index but the primary key."""
+    return [c for c in sizes.columns if c not in ("done_jobs", "jobs", "jobs_pkey")]
 
 
 class IndexRun(NamedTuple):

@@ -1,18 +1,18 @@
-"""Notebook 15's periodic-job experiments: workers ticking one schedule, two ticks of one
-slot at the same moment, and the catch-up policies after every worker stopped. Teaching
-aids, not the queue: the ticks are pgqueue's own (``periodic.py``, ``schedule_tick``)."""
+"""Notebook 15's periodic-job experiments (its first, workers ticking one schedule, is
+written in the notebook): the jobs a schedule made, two ticks of one slot at the same moment,
+and the catch-up policies after every worker stopped. Teaching aids, not the queue: the
+ticks are pgqueue's own (``periodic.py``, ``schedule_tick``)."""
 
 from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import psycopg
 
 from .. import statements
-from ..job import Job
 from ..periodic import GRACE, Schedule, candidates, tick_params
 from ..tasks import Tasks
 from ..worker import Worker
@@ -21,18 +21,6 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 FAST = {"poll_interval": 0.1, "listen": False, "reap_interval": 0.5}
-
-
-def _registry(dsn: str, ran: list[tuple[str, str]], who: str, **periodic: Any) -> Tasks:
-    """A registry like every worker process of one application loads: the same schedule,
-    its handler noting which worker ran which slot."""
-    tasks = Tasks(dsn)
-
-    def beat(job: Job) -> None:
-        ran.append((job.payload["slot"], who))
-
-    tasks.periodic(name="beat", queue="ticks", **periodic)(beat)
-    return tasks
 
 
 def jobs_of(dsn: str, schedule: str) -> pd.DataFrame:
@@ -45,27 +33,6 @@ def jobs_of(dsn: str, schedule: str) -> pd.DataFrame:
             [schedule],
         ).fetchall()
     return pd.DataFrame(rows, columns=["slot", "job_id", "made_at"])
-
-
-def ticking_workers(dsn: str, workers: int = 2, seconds: float = 3.5) -> pd.DataFrame:
-    """Start ``workers`` Workers, each with a registry of its own holding the same schedule
-    (``every=1``, named ``beat``), let them tick for ``seconds`` and stop them. One row per
-    job made: its slot, id, when it was made and which worker ran it."""
-    ran: list[tuple[str, str]] = []
-    registries = [_registry(dsn, ran, f"w{i + 1}", every=1) for i in range(workers)]
-    running = [
-        Worker(tasks, dsn=dsn, name=f"w{i + 1}", **FAST).start()
-        for i, tasks in enumerate(registries)
-    ]
-    time.sleep(seconds)
-    for worker in running:
-        worker.stop(grace=2)
-    for tasks in registries:
-        tasks.close()
-    made = jobs_of(dsn, "beat")
-    by_slot = {datetime.fromisoformat(slot): who for slot, who in ran}
-    made["ran_by"] = [by_slot.get(slot) for slot in made["slot"]]
-    return made
 
 
 def _schedule(every: float, name: str, catch_up: str = "latest") -> Schedule:

@@ -40,7 +40,8 @@ def fencing(
     """Kleppmann's fencing figure for one job: the workers' lanes on top, and below them
     the rows the database stores (``storage``, see ``timeline``), with the fence each one
     held over time and an arrow for every claim and write between them. A late write
-    reaching a row whose fence moved on is marked where it lands: ``1 < 2: refused``."""
+    reaching a row whose fence moved on is marked where it lands: ``1 ≠ 2: refused`` on the
+    job's row (its writes carry its current fence), ``1 < 2: refused`` on a side row."""
     return timeline(events, storage=storage, lanes=lanes, leases=leases, title=title, ax=ax)
 
 

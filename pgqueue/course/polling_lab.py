@@ -301,75 +301,70 @@ def plot_statements(run: HeldJob) -> Figure:
 
 
 # -- throughput against the poll interval -----------------------------------------------------
-def throughput_table(bursts: pd.DataFrame, backlog: pd.Series, burst: int) -> pd.DataFrame:
-    """Jobs per second per poll interval: ``burst`` jobs over the time from each burst's
-    enqueue to its last job done, summed over the rounds of ``polling.burst_trials``
-    (polling only, and with LISTEN), beside the backlog rates ``backlog`` (by interval)."""
-    rounds = bursts.groupby(["listen", "poll_interval_s"]).size()
-    done = bursts.groupby(["listen", "poll_interval_s"]).all_done_s.sum()
-    rates = (burst * rounds / done).unstack("listen")
-    rates = rates.rename(columns={False: "bursts, polling only", True: "bursts, polling + LISTEN"})
-    return rates.assign(backlog=backlog).rename_axis("poll interval (s)").rename_axis(None, axis=1)
+def burst_spread(bursts: pd.DataFrame, backlog: pd.DataFrame, burst: int) -> pd.DataFrame:
+    """Seconds ``burst`` jobs took, per poll interval, as min, median and max over the
+    repeats: for each burst of ``polling.burst_trials``, from its enqueue to its last job
+    done (polling only, and with LISTEN); for a backlog, ``burst`` jobs' share of each drain
+    (``backlog``: jobs per second, one row per interval, one column per repeated drain).
+    Columns: (series, statistic)."""
+    import pandas as pd
+
+    stats = ["min", "median", "max"]
+    waited = bursts.groupby(["listen", "poll_interval_s"]).all_done_s.agg(stats)
+    drained = burst / backlog
+    return pd.concat(
+        {
+            "bursts, polling only": waited.loc[False],
+            "bursts, polling + LISTEN": waited.loc[True],
+            "backlog": pd.DataFrame({stat: drained.agg(stat, axis=1) for stat in stats}),
+        },
+        axis=1,
+    ).rename_axis("poll interval (s)")
 
 
-def plot_throughput(
-    rates: pd.DataFrame, backlog_rate: float, unwaited_rate: float, burst: int
-) -> Figure:
-    """Backlog and burst throughput against the poll interval, with the flat backlog model
-    ``X`` (``backlog_rate``), the burst model ``B / (interval / 2 + B / L)`` (``L``: the rate
-    of bursts that wait for no poll, ``unwaited_rate``) and the ``1 / interval`` reference."""
+def plot_burst_times(spread: pd.DataFrame, burst: int, unwaited_s: float, runs: int) -> Figure:
+    """The seconds of ``burst_spread`` against the poll interval, both axes linear (the wait
+    for a poll grows in proportion to the interval): each series' median with a bar from
+    its fastest to its slowest run, and, thin and grey, the model: ``T0 + interval / 2``
+    for bursts that wait for the next poll (``T0``, ``unwaited_s``: what a burst takes when
+    it waits for none, measured with LISTEN), and ``T0`` for those that do not wait."""
     import matplotlib.pyplot as plt
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
-    grid = np.geomspace(min(rates.index) / 1.3, max(rates.index) * 1.3, 100)
-    ax.plot(rates.index, rates["backlog"], "o", color="C2", ms=9, label="backlog: measured")
-    ax.plot(
-        grid,
-        np.full_like(grid, backlog_rate),
-        "-",
-        color="C2",
-        alpha=0.5,
-        label="model, backlog: X (no dependence on the interval)",
-    )
-    ax.plot(
-        rates.index,
-        rates["bursts, polling only"],
-        "s",
-        color="C1",
-        ms=9,
-        label=f"bursts of {burst}, polling only: measured",
-    )
-    ax.plot(
-        grid,
-        burst / (grid / 2 + burst / unwaited_rate),
-        "--",
-        color="C1",
-        label=f"model, bursts: {burst} / (interval / 2 + {burst} / L)",
-    )
-    ax.plot(
-        rates.index,
-        rates["bursts, polling + LISTEN"],
-        "^",
-        color="C0",
-        ms=9,
-        label=f"bursts of {burst}, polling + LISTEN: measured",
-    )
-    ax.plot(
-        grid,
-        1 / grid,
-        ":",
-        color="0.4",
-        label="reference: 1 / interval (a loop sleeping after every claim)",
-    )
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.xaxis.set_major_formatter(_seconds)
-    ax.set_xticks(list(rates.index))
+    grid = np.linspace(0, max(spread.index) * 1.05, 50)
+    ax.plot(grid, unwaited_s + grid / 2, "-", color="0.6", lw=1, zorder=1,
+            label="model, polling only: T0 + interval / 2 (the mean wait for a poll)")  # fmt: skip
+    ax.plot(grid, np.full_like(grid, unwaited_s), "--", color="0.6", lw=1, zorder=1,
+            label="model, LISTEN or a backlog: T0 (no wait)")  # fmt: skip
+    looks = {
+        "bursts, polling only": ("s", "C1", f"bursts of {burst}, polling only", 0),
+        "bursts, polling + LISTEN": ("^", "C0", f"bursts of {burst}, polling + LISTEN", 1),
+        "backlog": ("o", "C2", f"a backlog: {burst} jobs' share of the drain", -1),
+    }
+    dodge = 0.012 * grid[-1]  # side by side at each interval, so no bar hides another
+    for name, (marker, color, label, side) in looks.items():
+        part = spread[name]
+        ax.errorbar(
+            part.index + side * dodge,
+            part["median"],
+            yerr=[part["median"] - part["min"], part["max"] - part["median"]],
+            fmt=marker,
+            color=color,
+            ms=7,
+            capsize=3,
+            zorder=3,
+            label=f"measured, {label}",
+        )
+    ax.set_xlim(0, grid[-1])
+    ax.set_ylim(0, None)
     ax.set_xlabel("poll interval (s)")
-    ax.set_ylabel("throughput (jobs/s)")
-    ax.set_title("Throughput: a backlog ignores the poll interval, bursts wait for it")
+    ax.set_ylabel(f"seconds to finish {burst} jobs")
+    ax.set_title(f"Bursts wait for the next poll: half an interval on average ({runs} runs each)")
+    ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.text(1.02, 0.02, "markers: median of the runs\nbars: fastest to slowest run",
+            transform=ax.transAxes, fontsize=8, color="0.3", va="bottom")  # fmt: skip
     fig.tight_layout()
     return fig
 
@@ -474,16 +469,16 @@ def try_setting(poll_interval: float = 0.2, listen: bool = False, jobs: int = 6)
 __all__ = [
     "PURPOSE",
     "HeldJob",
+    "burst_spread",
     "hold_one_job",
     "idle_table",
     "measure_latency",
     "plot_bench",
+    "plot_burst_times",
     "plot_idle",
     "plot_latency",
     "plot_statements",
-    "plot_throughput",
     "start_workers",
     "stop_all",
-    "throughput_table",
     "try_setting",
 ]

@@ -25,6 +25,46 @@ WHERE queue = %(queue)s AND status = 'ready' AND priority < %(top)s
 """
 
 
+def produce(dsn: str, queue: str, seconds: float, per_s: float, priority: int = 10) -> None:
+    """Enqueue jobs of ``priority`` (payload class ``high``) into ``queue`` at ``per_s`` a
+    second for ``seconds``, catching up after a slow moment (run it in a thread)."""
+    with Queue(dsn) as producer:
+        began = time.monotonic()
+        sent = 0
+        while (elapsed := time.monotonic() - began) < seconds:
+            due = int(elapsed * per_s) - sent
+            if due > 0:
+                producer.enqueue_many([{"class": "high"}] * due, queue=queue, priority=priority)
+                sent += due
+            time.sleep(0.01)
+
+
+def waits(dsn: str, queue: str, timeout: float = 60.0) -> pd.DataFrame:
+    """Once every job of ``queue`` is done: one row per job, its class (the payload's),
+    when it was enqueued and started (seconds since the first enqueue, database time) and
+    how long it waited; ``attrs["stream_end"]``: when the last ``high`` job came."""
+    with Queue(dsn) as q:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            (left,) = q.conn.execute(
+                "SELECT count(*) FROM jobs WHERE queue = %s AND status <> 'done'", [queue]
+            ).fetchone() or (0,)
+            if not left:
+                break
+            time.sleep(0.05)
+        rows: list[Any] = q.conn.execute(
+            "SELECT payload->>'class', run_at, started_at FROM jobs WHERE queue = %s", [queue]
+        ).fetchall()
+    frame = pd.DataFrame(rows, columns=["class", "enqueued_at", "started_at"])
+    t0 = frame["enqueued_at"].min()
+    frame["enqueued"] = (frame["enqueued_at"] - t0).dt.total_seconds()
+    frame["started"] = (frame["started_at"] - t0).dt.total_seconds()
+    frame["waited"] = frame["started"] - frame["enqueued"]
+    frame = frame.drop(columns=["enqueued_at", "started_at"]).sort_values("started")
+    frame.attrs["stream_end"] = float(frame.loc[frame["class"] == "high", "enqueued"].max())
+    return frame.reset_index(drop=True)
+
+
 def starvation(
     dsn: str,
     *,
@@ -37,38 +77,19 @@ def starvation(
     high: int = 10,
     aging_after: float | None = None,
 ) -> pd.DataFrame:
-    """One worker lane runs jobs of ``work`` seconds while a producer enqueues jobs of
-    priority ``high`` at ``arrivals_per_s`` for ``seconds`` (after ``prefill`` of them),
-    more than the lane can run; ``low_jobs`` jobs of priority 0 wait from the start. With
-    ``aging_after``, ready jobs older than that are raised to ``high`` every 50 ms.
-
-    Returns one row per job: its class (``high``/``low``), when it was enqueued and started
-    (seconds since the first enqueue, database time) and how long it waited; the frame's
-    ``attrs`` hold ``stream_end`` (seconds) and ``aging_after``."""
+    """Notebook 12's starvation experiment (written out in its first cell) as one call, for
+    its aging run and its controls: one lane runs jobs of ``work`` seconds while ``produce``
+    sends priority-``high`` jobs faster than that; ``low_jobs`` of priority 0 wait from the
+    start. With ``aging_after``, ready jobs older than that are raised to ``high`` every
+    50 ms. The ``waits`` frame, with ``attrs["aging_after"]``."""
     with Queue(dsn) as q:
         q.conn.execute("DELETE FROM jobs WHERE queue = %s", [queue])
         q.enqueue_many([{"class": "high"}] * prefill, queue=queue, priority=high)
         q.enqueue_many([{"class": "low"}] * low_jobs, queue=queue, priority=0)
     worker = Worker(
-        lambda job: time.sleep(work),
-        queue=queue,
-        dsn=dsn,
-        poll_interval=0.05,
-        listen=False,
-        name="w",
+        lambda job: time.sleep(work), queue=queue, dsn=dsn, poll_interval=0.05, listen=False
     )
     stop = threading.Event()
-
-    def produce() -> None:
-        with Queue(dsn) as producer:
-            began = time.monotonic()
-            sent = 0
-            while (elapsed := time.monotonic() - began) < seconds:
-                due = int(elapsed * arrivals_per_s) - sent  # catch up after a slow moment
-                if due > 0:
-                    producer.enqueue_many([{"class": "high"}] * due, queue=queue, priority=high)
-                    sent += due
-                time.sleep(0.01)
 
     def age() -> None:
         with Queue(dsn) as ager:
@@ -76,41 +97,20 @@ def starvation(
             while not stop.wait(0.05):
                 ager.conn.execute(AGING, params)
 
-    threads = [threading.Thread(target=produce)]
-    if aging_after is not None:
-        threads.append(threading.Thread(target=age))
+    ager = threading.Thread(target=age) if aging_after is not None else None
     worker.start()
-    for thread in threads:
-        thread.start()
-    threads[0].join()
+    if ager:
+        ager.start()
     try:
-        with Queue(dsn) as q:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                (left,) = q.conn.execute(
-                    "SELECT count(*) FROM jobs WHERE queue = %s AND status <> 'done'", [queue]
-                ).fetchone() or (0,)
-                if not left:
-                    break
-                time.sleep(0.05)
-            rows: list[Any] = q.conn.execute(
-                "SELECT payload->>'class', run_at, started_at FROM jobs WHERE queue = %s",
-                [queue],
-            ).fetchall()
+        produce(dsn, queue, seconds, arrivals_per_s, high)
+        frame = waits(dsn, queue)
     finally:
         stop.set()
-        for thread in threads[1:]:
-            thread.join()
+        if ager:
+            ager.join()
         worker.stop(grace=1)
-    frame = pd.DataFrame(rows, columns=["class", "enqueued_at", "started_at"])
-    t0 = frame["enqueued_at"].min()
-    frame["enqueued"] = (frame["enqueued_at"] - t0).dt.total_seconds()
-    frame["started"] = (frame["started_at"] - t0).dt.total_seconds()
-    frame["waited"] = frame["started"] - frame["enqueued"]
-    frame = frame.drop(columns=["enqueued_at", "started_at"]).sort_values("started")
-    frame.attrs["stream_end"] = float(frame.loc[frame["class"] == "high", "enqueued"].max())
     frame.attrs["aging_after"] = aging_after
-    return frame.reset_index(drop=True)
+    return frame
 
 
 def plot_waits(runs: dict[str, pd.DataFrame], *, title: str) -> Figure:

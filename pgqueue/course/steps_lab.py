@@ -1,22 +1,25 @@
-"""Notebook 16's experiments: a three-step job killed after its second step, a step written
-by a check and a write in two statements (wrong on purpose) against ``job.step``, a result
-waited for, and a handler's transaction held to its commit. Teaching aids, not the queue."""
+"""Notebook 16's experiments and figures: a three-step job killed after its second step, the
+two-statement step write (wrong on purpose) that the notebook races against ``job.step``,
+its timelines, the result waits drawn, and a handler's transaction held to its commit.
+Teaching aids, not the queue."""
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import psycopg
-from psycopg.types.json import Jsonb
 
 from ..errors import LeaseLost
 from ..job import Job
 from ..queue import Queue
 from ..worker import Worker
 from .faults import FaultyWorker
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 STEPS = ("reserve", "charge", "ship")
 FAST = {"poll_interval": 0.05, "listen": False, "reap_interval": 0.1}
@@ -67,18 +70,6 @@ def killed_after_two(dsn: str, *, lease: float = 0.5) -> tuple[pd.DataFrame, int
     return pd.DataFrame(ran), job_id
 
 
-def _takeover(dsn: str, job_id: int) -> Job:
-    """End the first claim of ``job_id`` as a pause past its lease does, and claim it again."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            "UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id = %s", [job_id]
-        )
-    other = Queue(dsn)
-    other.reap()
-    [holder] = other.claim("steps")
-    return holder
-
-
 # NEVER USE: check the claim, then write the step, in two statements.
 CHECK = (
     "SELECT 1 FROM jobs WHERE id = %(job)s AND fence = %(fence)s AND status = 'running'"
@@ -91,56 +82,141 @@ WRITE = (
 )
 
 
-def stale_step(dsn: str, way: str) -> dict[str, Any]:
-    """Holder A (fence 1) did step one and pauses before writing step two; meanwhile its
-    lease runs out and B takes the job over (fence 2). ``way="check, then write"``: A had
-    checked its claim before the pause and writes afterwards (two statements); ``way=
-    "job.step"``: A's write is ``job.step``. Then B runs step two. What A's write did, what
-    B's step two returned, and the fence the stored step two carries."""
-    with Queue(dsn) as q:
-        job_id = q.enqueue({"order": 8}, queue="steps")
-        [a] = q.claim("steps", lease=30)
-        a.step("one", lambda: "by A")
-        params = {"job": a.id, "fence": a.fence, "name": "two", "output": Jsonb("A's charge")}
-        if way == "check, then write":
-            checked = q.conn.execute(CHECK, params).fetchone() is not None
-            b = _takeover(dsn, job_id)  # A pauses here, between its check and its write
-            q.conn.execute(WRITE, params)
-            a_did = f"checked: {checked}, then wrote"
-        else:
-            b = _takeover(dsn, job_id)  # A pauses here, before job.step writes
-            try:
-                a.step("two", lambda: "A's charge")
-                a_did = "stored"
-            except LeaseLost as exc:
-                a_did = f"LeaseLost: {exc}"
-        b_two = b.step("two", lambda: "B's charge")
-        [(fence,)] = q.conn.execute(
-            "SELECT fence FROM pgqueue_steps WHERE job_id = %s AND name = 'two'", [job_id]
-        ).fetchall()
-        assert b.conn is not None
-        b.conn.close()
-    return {"A's step two": a_did, "B's step two returned": b_two, "stored under fence": fence}
+def step_fence(conn: psycopg.Connection, job_id: int, name: str) -> int | None:
+    """The fence stored with step ``name`` of job ``job_id`` (None if not stored)."""
+    row = conn.execute(
+        "SELECT fence FROM pgqueue_steps WHERE job_id = %s AND name = %s", [job_id, name]
+    ).fetchone()
+    return None if row is None else int(row[0])
 
 
-def result_wait(dsn: str, *, listen: bool, poll_interval: float) -> dict[str, Any]:
-    """Enqueue a sum, run a Worker on it, and wait for the result with ``Queue.result``:
-    what came back, and how long after the handler returned (seconds)."""
-    returned: list[float] = []
+def draw_stale_steps(conn: psycopg.Connection, runs: dict[str, dict[str, Any]]) -> Figure:
+    """Notebook 16's stale-step story, one timeline per way of writing A's step two: the
+    workers' lanes (A's claim and pause, the reaper's return, B's claim, each step-two write), the
+    database's leases, and two storage lanes read from ``stories.watch``'s log: the job's
+    row (its fence) and the stored step two (the fence it was written under)."""
+    import matplotlib.pyplot as plt
 
-    def add(job: Job) -> dict[str, int]:
-        returned.append(time.monotonic())
-        return {"sum": job.payload["a"] + job.payload["b"]}
+    from . import plot, stories
 
-    with Queue(dsn) as q:
-        job_id = q.enqueue({"a": 2, "b": 3}, queue="sums")
-        worker = Worker(add, queue="sums", dsn=dsn, **FAST).start()
-        try:
-            value = q.result(job_id, timeout=30, listen=listen, poll_interval=poll_interval)
-            came = time.monotonic()
-        finally:
-            worker.stop(grace=1)
-    return {"result": value, "after the handler returned (s)": came - returned[0]}
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11.5, 3.4 * len(runs)))
+    # Laid out once, before any timeline places its labels (layout=False below).
+    fig.subplots_adjust(left=0.1, right=0.72, top=0.9, bottom=0.08, hspace=0.5)
+    leases = stories.leases(conn)
+    for ax, (way, run) in zip(axes, runs.items(), strict=True):
+        job = run["job"]
+        storage = {
+            "jobs row": stories.fences(conn, "jobs", id=job),
+            "step two row": stories.fences(conn, "pgqueue_steps", job_id=job, name="two"),
+        }
+        answer = run["B's step two returned"]
+        plot.timeline(
+            run["log"],
+            ax=ax,
+            leases=leases[leases.job_id == job],
+            storage=storage,
+            lanes=["A", "B"],
+            title=f"{way}: B's step two returned {answer!r}",
+            layout=False,
+        )
+    fig.suptitle("A freezes between its claim check and its step write; B takes the job over")
+    return fig
+
+
+def finished_at(conn: psycopg.Connection, job_id: int) -> float:
+    """When job ``job_id`` ended (``finished_at``, the database's clock), as ``time.time()``
+    seconds of this process."""
+    from .stories import clock_offset
+
+    row = conn.execute(
+        "SELECT extract(epoch FROM finished_at)::float8 FROM jobs WHERE id = %s", [job_id]
+    ).fetchone()
+    assert row is not None and row[0] is not None, f"job {job_id} has not ended"
+    return float(row[0]) - clock_offset(conn)
+
+
+def waited(wait: dict[str, Any]) -> float:
+    """Seconds from the handler's return to ``Queue.result``'s, in one of notebook 16's
+    result waits."""
+    return float(wait["at"]["result() returned"] - wait["at"]["handler returned"])
+
+
+_WAIT_MARKS = {
+    "handler returned": ("o", "none"),
+    "job row done": ("s", "tab:blue"),
+    "result() returned": ("*", "tab:red"),
+}
+
+
+def draw_result_waits(waits: dict[str, dict[str, Any]]) -> Figure:
+    """Notebook 16's result waits, one lane each, in seconds since ``Queue.result`` was
+    called: when the handler returned, when the job's row was done (database clock), when
+    ``result`` returned, and the moments its polls were due (grey ticks)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 1.6 + 0.8 * len(waits)))
+    end = max(w["at"]["result() returned"] - w["at"]["result() called"] for w in waits.values())
+    right = max(end * 1.15, 1.3)
+    for y, wait in enumerate(waits.values()):
+        at, start = wait["at"], wait["at"]["result() called"]
+        ax.plot(
+            [0, at["result() returned"] - start],
+            [y, y],
+            color="0.75",
+            lw=6,
+            zorder=1,
+            label="result() waiting" if y == 0 else None,
+        )
+        every = wait["poll every (s)"]
+        polls = [k * every for k in range(1, int(right / every) + 1)]
+        ax.scatter(
+            polls,
+            [y] * len(polls),
+            marker="|",
+            s=300,
+            color="0.45",
+            zorder=2,
+            label="a poll due (poll_interval)" if y == 0 else None,
+        )
+        if not polls:
+            ax.annotate(
+                f"first poll due at {every:g} s →",
+                (right, y),
+                xytext=(-4, -12),
+                textcoords="offset points",
+                ha="right",
+                fontsize=8,
+                color="0.35",
+            )
+        for name, (marker, color) in _WAIT_MARKS.items():
+            ax.scatter(
+                [at[name] - start],
+                [y],
+                marker=marker,
+                facecolors=color,
+                edgecolors="tab:green" if color == "none" else color,
+                linewidths=1.5,
+                s=170 if color == "none" else 90,
+                zorder=3,
+                label=name if y == 0 else None,
+            )
+        ax.annotate(
+            f"{waited(wait):.2f} s after the handler returned",
+            (at["result() returned"] - start, y),
+            xytext=(6, 9),
+            textcoords="offset points",
+            fontsize=8,
+        )
+    ax.set_yticks(range(len(waits)), list(waits))
+    ax.set_ylim(-0.7, len(waits) - 0.3)
+    ax.set_xlim(-0.05, right)
+    ax.invert_yaxis()
+    ax.set_xlabel("time since Queue.result() was called (s)")
+    ax.set_ylabel("how result() waits")
+    ax.set_title("Woken by the job's notification, or at the next poll")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
 
 
 INVOICES = (

@@ -41,6 +41,7 @@ __all__ = [
     "leases",
     "sandbox",
     "two_reapers",
+    "unwatch",
     "watch",
 ]
 
@@ -71,6 +72,18 @@ def watch(conn: psycopg.Connection, *tables: str) -> None:
     conn.execute(_WATCH)
     for table in ("jobs", *tables):
         conn.execute(sql.SQL(_TRIGGERS).format(t=sql.Identifier(table)))
+
+
+def unwatch(conn: psycopg.Connection, *tables: str) -> None:
+    """Stop recording changes of ``jobs`` (and ``tables``); ``watch_log`` keeps what it has.
+    A notebook that goes on to time its workers takes the triggers' cost away first."""
+    for table in ("jobs", *tables):
+        for trigger in ("watch_insert", "watch_update"):
+            conn.execute(
+                sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
+                    sql.Identifier(trigger), sql.Identifier(table)
+                )
+            )
 
 
 def clock_offset(conn: psycopg.Connection) -> float:

@@ -45,6 +45,7 @@ def timeline(
     annotate: bool | None = None,
     legend: bool = True,
     lanes: Sequence[str] | None = None,
+    layout: bool = True,
 ) -> Figure:
     """Draw one lane per worker over time and return the figure.
 
@@ -66,6 +67,9 @@ def timeline(
     job's own writes (claim, complete, fail, release), the last the side-table writes.
     ``annotate`` defaults to labelling claims only when there are few of them.
     ``lanes`` fixes which lanes to draw, in order (a worker that did nothing keeps its lane).
+    ``layout=False``: the caller has laid the figure out already (several timelines in one
+    figure): no ``tight_layout`` here, which would move the axes of a timeline drawn before
+    and with them its labels, placed for where the axes were.
     """
     frame = as_frame(events)
     origin = float((frame["t"] - frame["s"]).iloc[0]) if len(frame) else 0.0
@@ -89,7 +93,8 @@ def timeline(
             fontsize=8,
             frameon=False,
         )
-    fig.tight_layout()
+    if layout:
+        fig.tight_layout()
     sheet.labels.place()
     return fig
 
@@ -206,7 +211,9 @@ def _label_point(sheet: _Sheet, what: str, row: Any, lane_y: int, label_rejectio
         text = f"write f={int(row.fence)} accepted, unchecked"
         add(row.s, lane_y, text, short="unchecked", priority=0, color="darkorange")
     elif what == "dead":
-        add(row.s, lane_y, f"#{int(row.job_id)} dead", priority=1, side="below")
+        # A job that died by its handler's timeout says so: the dead mark replaces the fail's.
+        why = ": timed out" if str(row.detail or "").startswith("TimeoutError") else ""
+        add(row.s, lane_y, f"#{int(row.job_id)} dead{why}", priority=1, side="below")
     elif what == "reap" and sheet.annotate:
         add(row.s, lane_y, f"#{int(row.job_id)} back", priority=1, side="below")
     elif what == "timeout":

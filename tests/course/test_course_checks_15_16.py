@@ -4,6 +4,7 @@ at the second slip of a kind; the races the notebooks show come out as they say.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -88,6 +89,14 @@ def test_the_tick_check_passes_the_solution_and_catches_the_races(
     without = TICK.replace("ON CONFLICT (schedule, slot) DO NOTHING", "")
     assert "unique_violation" in failures(nb15.check_tick, without, dsn)[0]
     assert pgqueue.Queue(dsn).stats()[0]["status"] == "finished"  # the check left no job
+    # A right tick but an empty payload: a job was made, just not findable by its keys (told
+    # "made no job in jobs" before)
+    empty = TICK.replace(
+        "jsonb_build_object('schedule', %(schedule)s::text, 'slot', slot)", "'{}'::jsonb"
+    )
+    first, _ = failures(nb15.check_tick, empty, dsn)
+    assert "with the payload {}" in first and "made no job" not in first
+    assert pgqueue.Queue(dsn).stats()[0]["status"] == "finished"  # nor the empty ones
 
 
 def test_the_step_check_passes_the_solution_and_tells_the_lock_slips_apart(dsn: str) -> None:
@@ -151,14 +160,27 @@ def test_one_slot_ticked_twice_at_once_and_by_a_stale_worker_makes_one_job(dsn: 
     }
 
 
-def test_a_stale_step_checked_then_written_becomes_the_answer_and_job_step_refuses_it(
-    dsn: str,
-) -> None:
-    broken = steps_lab.stale_step(dsn, "check, then write")
-    assert broken["B's step two returned"] == "A's charge" and broken["stored under fence"] == 1
-    fenced = steps_lab.stale_step(dsn, "job.step")
-    assert fenced["A's step two"].startswith("LeaseLost")
-    assert fenced["B's step two returned"] == "B's charge" and fenced["stored under fence"] == 2
+def test_the_result_waits_are_drawn_with_their_polls_and_marks() -> None:
+    import matplotlib.pyplot as plt
+
+    def wait(poll: float, returned: float) -> dict[str, Any]:
+        at = {"result() called": 100.0, "handler returned": 100.2, "job row done": 100.21}
+        return {
+            "result": {"sum": 5},
+            "at": at | {"result() returned": 100.0 + returned},
+            "poll every (s)": poll,
+        }
+
+    waits = {"LISTEN, poll 5 s": wait(5.0, 0.25), "poll 1 s only": wait(1.0, 1.0)}
+    assert abs(steps_lab.waited(waits["poll 1 s only"]) - 0.8) < 1e-9
+    fig = steps_lab.draw_result_waits(waits)
+    [ax] = fig.axes
+    assert ax.get_title() and ax.get_xlabel().endswith("(s)") and ax.get_ylabel()
+    legend = {t.get_text() for t in ax.get_legend().get_texts()}
+    assert {"handler returned", "job row done", "result() returned"} <= legend
+    assert "a poll due (poll_interval)" in legend
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(waits)
+    plt.close(fig)
 
 
 def test_the_chaos_trace_never_counts_a_done_jobs_finishing_run_as_lost() -> None:
@@ -186,3 +208,86 @@ def test_the_chaos_trace_never_counts_a_done_jobs_finishing_run_as_lost() -> Non
     row = traced.iloc[0]
     assert row["lost_worker"] == chaos_view.UNSTARTED and row["rerun_worker"] == "w2"
     assert row["cause"] == "kill" and row["fault_worker"] == "w1"
+
+
+def test_the_chaos_figure_draws_each_rerun_jobs_fences_and_the_refused_late_write(
+    tmp_path: Path,
+) -> None:
+    """Notebook 17's capstone figure: below the worker lanes, a lane per job run twice with
+    its fence as a step, and the late write a worker logged as refused, at its stale fence.
+    The refusals are read from the worker logs in the engine's own words."""
+    import matplotlib
+    import pandas as pd
+
+    from pgqueue.course import chaos_view
+    from pgqueue.tools.chaos import Report
+
+    matplotlib.use("Agg")
+    (tmp_path / "chaos-1.1.log").write_text(
+        "2026-12-02 01:00:21,500 pgqueue.engine chaos-1.1: late fail of job 7 refused: "
+        "fence 1 is stale (another holder has it)\n"
+        "2026-12-02 01:00:22,000 pgqueue.engine something else\n"
+    )
+    refused = chaos_view.refused_writes(tmp_path)
+    assert list(refused[["worker", "job_id", "fence", "action"]].itertuples(index=False)) == [
+        ("chaos-1.1", 7, 1, "fail")
+    ]
+    assert chaos_view.refused_writes(None).empty
+
+    t0 = pd.Timestamp(refused["at"].iloc[0]) - pd.Timedelta(seconds=20)
+    run = chaos_view.ChaosRun(
+        report=Report(seed=1, queue="q", workers=2, jobs=2, lease=3.0, restart_enabled=False),
+        lines=[],
+        jobs=pd.DataFrame(
+            {
+                "id": [7, 8],
+                "status": ["done", "done"],
+                "attempts": [2, 1],
+                "max_attempts": [5, 5],
+                "fence": [2, 1],
+            }
+        ),
+        runs=pd.DataFrame(
+            {
+                "job_id": [7, 8, 7],
+                "fence": [1, 1, 2],
+                "worker": ["chaos-1.1", "chaos-0.1", "chaos-0.1"],
+                "started_at": [t0 + pd.Timedelta(seconds=s) for s in (1, 2, 15)],
+            }
+        ),
+        faults=pd.DataFrame(
+            {
+                "kind": ["stop"],
+                "worker": ["chaos-1.1"],
+                "at": [t0 + pd.Timedelta(seconds=3)],
+                "detail": ["12s"],
+            }
+        ),
+        results=pd.DataFrame(columns=["job_id", "worker", "fence", "history"]),
+    )
+    run.reruns = chaos_view.trace(run.jobs, run.runs, run.faults)
+    run.refused = refused
+    fig = chaos_view.plot_run(run)
+    _workers, fences, scale = fig.axes
+    assert [t.get_text() for t in fences.get_yticklabels()] == ["job #7"]  # job 8 ran once
+    [step] = [line for line in fences.lines if line.get_drawstyle() == "steps-post"]
+    assert len(set(step.get_ydata())) == 2, "fence 1, then 2: one rise"
+    [cross] = [c for c in fences.collections if c.get_offsets().shape == (1, 2)
+               and tuple(c.get_facecolors()[0]) == matplotlib.colors.to_rgba("red")]  # fmt: skip
+    x, y = cross.get_offsets()[0]
+    # 20 s after t0, which is 1 s before the first start (the axis's zero)
+    assert abs(x - 19.0) < 0.01 and y < max(step.get_ydata()), "at 19 s, under the step to 2"
+    assert fences.get_legend() is not None and scale.get_ylabel() == "fence"
+    matplotlib.pyplot.close(fig)
+
+
+def test_16_a_step_checked_on_now_in_a_long_transaction_is_stored_late(
+    dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert "now()" in nb16.with_now(STEP_PUT) and "lease_until > clock" not in nb16.with_now(
+        STEP_PUT
+    )
+    nb16.check_step_put_with_now(dsn, STEP_PUT, {"stored": True})
+    assert "was stored" in capsys.readouterr().out
+    with pytest.raises(ExerciseFailed, match="the moment the transaction began"):
+        nb16.check_step_put_with_now(dsn, STEP_PUT, {"stored": False})

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
+import time
 from typing import Any
 
 import psycopg
@@ -259,6 +260,28 @@ def test_the_guard_check_tells_a_raising_and_a_double_sending_guard_apart(
     assert "DO NOTHING" in results["conflict"][1] and "DO NOTHING" not in results["conflict"][0]
 
 
+@pytest.mark.slow  # three paused-worker stories, and a wait for a retry's backoff
+def test_a_guard_that_raised_leaves_no_job_for_the_next_checks_paused_worker(
+    dsn: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A guard that raises on every run fails its job, which the worker retries after a
+    backoff: in a queue shared by every story, the next check's A claimed that older job
+    first and never ended the check's own (a TimeoutError instead of a verdict)."""
+    story = functools.partial(nb05.paused_worker_story, pause=1.0, lease=0.4)
+    monkeypatch.setattr(nb05, "paused_worker_story", story)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE sent_emails (job_id bigint PRIMARY KEY, to_addr text NOT NULL,"
+            " sent_at timestamptz NOT NULL DEFAULT now())"
+        )
+    raising = GUARD.replace("(job_id, to_addr)", "(job, to_addr)")  # no such column
+    with pytest.raises(ExerciseFailed, match="UndefinedColumn"):
+        nb05.check_guard(raising, dsn)
+    time.sleep(4.5)  # the failed job's backoff (1 s x 2^2) is over: it is ready again
+    nb05.check_guard(GUARD, dsn)
+    assert "sent one e-mail" in capsys.readouterr().out
+
+
 # Notebook 17: the bound on re-runs of a fault plan (the plans alone: no chaos run).
 def explainable(faults: list[Any], workers: int) -> int:
     per_fault = {"kill": 2, "stop": 2, "terminate": 2, "restart": 2 * workers}
@@ -338,7 +361,25 @@ async def not_awaited(job: Any) -> None:
 
 async def wrong_key(job: Any) -> None:
     body = await send_email(job.payload["order_id"])
-    await job.fenced_write("receipts", {"order_id": job.id + 1000}, {"body": body})
+    await job.fenced_write("receipts", {"order_id": job.id + 5000}, {"body": body})
+
+
+async def keyed_by_job_id(job: Any) -> None:  # passed while the orders were 1..20, like ids
+    body = await send_email(job.payload["order_id"])
+    await job.fenced_write("receipts", {"order_id": job.id}, {"body": body})
+
+
+async def body_not_awaited(job: Any) -> None:  # stored "<coroutine object ...>" and passed
+    order_id = job.payload["order_id"]
+    body = send_email(order_id)
+    await job.fenced_write("receipts", {"order_id": order_id}, {"body": str(body)})
+    body.close()
+
+
+async def body_of_another_order(job: Any) -> None:
+    order_id = job.payload["order_id"]
+    await send_email(order_id)
+    await job.fenced_write("receipts", {"order_id": order_id}, {"body": "e-mail sent"})
 
 
 @pytest.mark.usefixtures("course_server")
@@ -354,7 +395,10 @@ def test_the_async_handler_check_tells_a_lost_write_from_a_wrong_key(
     results = {
         "no-await": slips(check, nb13.HINTS, not_awaited),
         "keyed": slips(check, nb13.HINTS, wrong_key),
+        "body-coroutine": slips(check, nb13.HINTS, body_not_awaited),
+        "body": slips(check, nb13.HINTS, body_of_another_order),
     }
+    assert slips(check, nb13.HINTS, keyed_by_job_id)[2] == "keyed"
     assert {want: kind for want, (_, _, kind) in results.items()} == {k: k for k in results}
     distinct(results)
 
@@ -401,3 +445,32 @@ def test_the_fleet_check_tells_each_miscounted_connection_apart(
     results = {want: slips(nb14.check_fleet, nb14.HINTS, f) for want, f in wrong.items()}
     assert {want: kind for want, (_, _, kind) in results.items()} == {k: k for k in results}
     distinct(results)
+
+
+def _drain(count_answer: bool) -> Any:
+    """A worker loop for 02's exercise, counting its completions from complete()'s answer
+    or (wrong) counting every complete it called."""
+
+    def drain(q: Any, handler: Any, queue: str) -> int:
+        completed = 0
+        while jobs := q.claim(queue, limit=5, lease=30):
+            for job in jobs:
+                try:
+                    handler(job)
+                except Exception as exc:
+                    q.fail(job, f"{type(exc).__name__}: {exc}")
+                    continue
+                took = q.complete(job)
+                completed += 1 if (took or not count_answer) else 0
+        return completed
+
+    return drain
+
+
+def test_02_worker_loop_counts_only_completions_that_took_effect(capsys: Any) -> None:
+    nb02.check_worker_loop(_drain(count_answer=True))
+    assert "the one cancelled mid-run not counted" in capsys.readouterr().out
+    # Counting every q.complete called, without its answer: the cancelled job's complete
+    # returned False (passed before: no complete was ever refused in the check).
+    with pytest.raises(ExerciseFailed, match="returned False and completed nothing"):
+        nb02.check_worker_loop(_drain(count_answer=False))

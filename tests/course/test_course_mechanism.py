@@ -129,7 +129,12 @@ WRONG_REAPERS = {
     " finished_at = CASE WHEN attempts >= max_attempts THEN now() END " + WHERE_EXPIRED,
     "attempts": f"UPDATE jobs {SET_STATUS} lease_until = NULL, attempts = attempts + 1,"
     " finished_at = CASE WHEN attempts >= max_attempts THEN now() END " + WHERE_EXPIRED,
+    # Both passed the check before: a reaper that takes leases a few seconds early, and one
+    # that leaves run_at alone (the returned job jumps ahead of those waiting; notebook 17).
+    "early": REAP.replace("lease_until < now()", "lease_until < now() + interval '5 seconds'"),
+    "run-at": REAP.replace("    run_at      = now(),\n", ""),
 }
+assert all(wrong != REAP for wrong in WRONG_REAPERS.values())
 
 
 def test_the_reaper_check_passes_the_solution_and_checks_finished_at(
@@ -251,6 +256,16 @@ def test_the_learners_statements_survive_the_paused_worker_and_broken_ones_do_no
     first, _ = slips(nb04.check_paused_worker, nb04.STORY_HINTS, dsn, always_fine)
     assert kinds(nb04.STORY_HINTS) == {"a-told"}
 
+    def complete_first(conn: psycopg.Connection, job: Job, body: str) -> tuple[bool, bool]:
+        # Right statements, wrong order: passed before, since nothing came between them.
+        completed = conn.execute(COMPLETE, {"id": job.id, "fence": job.fence}).rowcount == 1
+        row = {"id": 1, "body": body, "job_id": job.id, "fence": job.fence}
+        return conn.execute(WRITE, row).rowcount == 1, completed
+
+    first, _ = slips(nb04.check_paused_worker, nb04.STORY_HINTS, dsn, complete_first)
+    assert kinds(nb04.STORY_HINTS) == {"order"}
+    assert "left the job done and report 1 missing" in first
+
 
 FAIL = """
 UPDATE jobs
@@ -290,3 +305,32 @@ def test_the_fail_check_passes_the_solution_and_tells_each_slip_apart(
         assert kinds(nb04.FAIL_HINTS) == {kind}, (wrong, first)
         seen[kind] = first
     assert len(set(seen.values())) == len(seen), "each slip has its own hint"
+
+
+# "Break it" exercises: the reader's statement with one clause taken out, its damage shown
+# live, and the reader's prediction compared with it.
+
+
+def test_03_reaper_without_run_at_lets_the_returned_job_jump_the_line(
+    dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert "run_at" not in nb03.without_run_at(REAP)
+    right = {"next_claimed": 1, "job_1_due_s_ago": 60}
+    nb03.check_reaper_without_run_at(dsn, REAP, right)
+    assert "jumps ahead of every job waiting" in capsys.readouterr().out
+    with pytest.raises(ExerciseFailed, match="it jumps ahead of jobs 2 and 3"):
+        nb03.check_reaper_without_run_at(dsn, REAP, right | {"next_claimed": 2})
+    with pytest.raises(ExerciseFailed, match="hold run_at = now"):
+        nb03.check_reaper_without_run_at(dsn, nb03.without_run_at(REAP), right)
+
+
+def test_04_complete_without_status_completes_a_dead_job(
+    dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    right = {"a_complete": True, "status": "done"}
+    nb04.check_complete_without_status(dsn, COMPLETE, right)
+    assert "made it done" in capsys.readouterr().out
+    with pytest.raises(ExerciseFailed, match="the reaper does not raise the fence"):
+        nb04.check_complete_without_status(dsn, COMPLETE, right | {"a_complete": False})
+    with pytest.raises(ExerciseFailed, match="given up on"):
+        nb04.check_complete_without_status(dsn, COMPLETE, right | {"status": "dead"})

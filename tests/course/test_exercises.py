@@ -56,20 +56,33 @@ def test_each_lesson_names_its_databases_by_its_own_number() -> None:
             assert not number.isdigit() or number in lessons, (path.name, name)
 
 
-def test_make_test_does_not_collect_the_exercise_copies() -> None:
-    # The copies cannot run (their checks fail until the learner answers); the root
-    # conftest.py keeps nbval away from them. This is make test's own selection.
-    nbval = ["--nbval", "--nbval-sanitize-with", "notebooks/sanitize.cfg", "notebooks"]
-    collected = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *nbval],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_make_test_collects_the_lessons_only() -> None:
+    # The copies cannot run (their checks fail until the learner answers), and a notebook a
+    # learner saves in notebooks/ is theirs: the root conftest.py keeps nbval to the lessons
+    # the course map links to. This is make test's own selection.
+    saved = [
+        ROOT / "notebooks" / "Untitled.ipynb",
+        ROOT / "notebooks" / "02-skip-locked-Copy1.ipynb",
+    ]
+    for path in saved:
+        path.write_text((ROOT / "notebooks" / "02-skip-locked.ipynb").read_text())
+    try:
+        nbval = ["--nbval", "--nbval-sanitize-with", "notebooks/sanitize.cfg", "notebooks"]
+        collected = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+             *nbval],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )  # fmt: skip
+    finally:
+        for path in saved:
+            path.unlink()
     assert collected.returncode == 0, collected.stdout + collected.stderr
-    assert "01-the-table.ipynb" in collected.stdout
-    assert "exercises/" not in collected.stdout
+    files = {line.split("::")[0] for line in collected.stdout.splitlines() if "::" in line}
+    lessons = {f"notebooks/{p.name}" for p in (ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb")}
+    assert files == lessons, files ^ lessons
 
 
 # A small lesson in the course's exercise format.
@@ -223,6 +236,7 @@ def test_generating_twice_changes_nothing_and_check_finds_drift(
     plain = lesson()
     plain["cells"] = [c for c in plain["cells"] if "tags" not in c["metadata"]]
     (tmp_path / "04-fences.ipynb").write_text(json.dumps(plain), encoding="utf-8")
+    (tmp_path / "README.md").write_text(COURSE_MAP, encoding="utf-8")
     args = ["--notebooks", str(tmp_path)]
     copies = tmp_path / "exercises"
 
@@ -255,6 +269,25 @@ def test_generating_twice_changes_nothing_and_check_finds_drift(
     # Writing brings the folder back in sync, removing the copy without a source.
     assert exercises.main(args) == 0
     assert {p.name: p.read_bytes() for p in copies.iterdir()} == first
+
+
+COURSE_MAP = "| 03 | [Leases](03-leases.ipynb) | ... |\n| 04 | [Fences](04-fences.ipynb) | ... |\n"
+
+
+def test_the_lessons_are_the_notebooks_the_course_map_links_to(tmp_path: Path) -> None:
+    # A learner's copy saved beside the lessons is named like one; before, the glob made
+    # an exercise copy of it (exercises/03-leases-Copy1.ipynb)
+    for name in ("03-leases.ipynb", "04-fences.ipynb", "03-leases-Copy1.ipynb"):
+        (tmp_path / name).write_text(json.dumps(lesson()), encoding="utf-8")
+    (tmp_path / "README.md").write_text(COURSE_MAP, encoding="utf-8")
+    assert [p.name for p in exercises.lessons(tmp_path)] == ["03-leases.ipynb", "04-fences.ipynb"]
+    assert exercises.main(["--notebooks", str(tmp_path)]) == 0
+    assert sorted(p.name for p in (tmp_path / "exercises").iterdir()) == [
+        "03-leases.ipynb",
+        "04-fences.ipynb",
+    ]
+    # and the course's own: the seventeen lessons of notebooks/README.md
+    assert len(exercises.lessons(ROOT / "notebooks")) == 17
 
 
 def test_an_exercise_needs_a_solution_code_cell() -> None:

@@ -11,6 +11,7 @@ import matplotlib
 import psycopg
 import pytest
 from matplotlib.figure import Figure
+from matplotlib.transforms import Bbox
 
 from conftest import rows
 from pgqueue import EventLog, Queue, Worker
@@ -102,16 +103,22 @@ def test_timeline_draws_a_lane_per_worker_and_marks_rejected_writes(queue: Queue
     assert ax.get_legend() is not None
 
 
-def _labels_apart(fig: object) -> None:
-    """Every text label of every axes lies inside its axes and overlaps no other."""
+def _labels_apart(fig: object, gap: float = 4.0) -> None:
+    """Every text label of every axes lies inside its axes and stands at least ``gap``
+    points clear of every other across (labels that touch read as one: "#19 f=1#19 f=3")."""
     fig.canvas.draw()  # type: ignore[attr-defined]
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    clear = gap * fig.dpi / 72.0  # type: ignore[attr-defined]
     for ax in fig.axes:  # type: ignore[attr-defined]
         area = ax.get_window_extent(renderer)
-        boxes = [t.get_window_extent(renderer) for t in ax.texts if t.get_text()]
+        texts = [t for t in ax.texts if t.get_text()]
+        boxes = [t.get_window_extent(renderer) for t in texts]
         for i, box in enumerate(boxes):
-            assert area.x0 - 1 <= box.x0 and box.x1 <= area.x1 + 1, ax.texts[i].get_text()
-            assert not any(box.overlaps(other) for other in boxes[i + 1 :]), ax.texts[i].get_text()
+            name = texts[i].get_text()
+            assert area.x0 - 1 <= box.x0 and box.x1 <= area.x1 + 1, name
+            wide = Bbox.from_extents(box.x0 - clear, box.y0, box.x1 + clear, box.y1)
+            for j, other in enumerate(boxes[i + 1 :], i + 1):
+                assert not wide.overlaps(other), f"{name!r} touches {texts[j].get_text()!r}"
 
 
 def _frame(rows: list[tuple[float, str, str, int | None, int | None, str]]) -> object:
@@ -166,6 +173,9 @@ def test_timeline_marks_the_last_fail_of_a_dead_job_and_timeouts() -> None:
         legend
     )
     assert "#7 dead" in _texts(fig) and "timed out" in _texts(fig)
+    # a job dead by its timeout (12's transcode) keeps the reason on its dead mark
+    died = plot.timeline(frame, dead=[7, 8])
+    assert "#8 dead: timed out" in _texts(died)
 
 
 def test_timeline_legend_promises_claim_labels_only_when_it_draws_them() -> None:
@@ -193,6 +203,30 @@ def test_timeline_labels_of_crowded_claims_do_not_overlap() -> None:
     fig = plot.timeline(_frame(rows))
     _labels_apart(fig)
     assert any("rejected" in text for text in _texts(fig))
+
+
+def test_labels_side_by_side_keep_a_gap() -> None:
+    import matplotlib.pyplot as plt
+
+    from pgqueue.course.labels import _Labels
+
+    # Two claims a label's width (and 3 px) apart: before, the second label went on the same
+    # row 3 px after the first, and the pair read as one ("#19 f=1#19 f=3", 06's timeouts).
+    fig, ax = plt.subplots(figsize=(8, 2))
+    ax.set_xlim(0, 1)
+    ax.set_ylim(-1, 1)
+    fig.canvas.draw()
+    probe = ax.text(0, 0, "#19 f=1", fontsize=8)
+    width = probe.get_window_extent(fig.canvas.get_renderer()).width
+    probe.remove()
+    per_px = 1 / ax.get_window_extent().width
+    labels = _Labels(ax)
+    labels.add(0.2, 0, "#19 f=1")
+    labels.add(0.2 + (width + 3) * per_px, 0, "#19 f=3")
+    labels.place()
+    assert not labels.dropped
+    _labels_apart(fig)
+    plt.close(fig)
 
 
 def test_fencing_draws_the_stored_fences_and_where_a_late_write_is_refused(
@@ -227,8 +261,18 @@ def test_fencing_draws_the_stored_fences_and_where_a_late_write_is_refused(
     [ax] = fig.axes
     assert [t.get_text() for t in ax.get_yticklabels()] == ["A", "B", "jobs row", "reports row"]
     texts = _texts(fig)
-    assert texts.count("1 < 2: refused") == 2
+    # The job's row takes only its current fence, the report's row any fence no older.
+    assert texts.count("1 ≠ 2: refused") == 1 and texts.count("1 < 2: refused") == 1
     assert "fence 2" in texts or "f=2" in texts
+    # The stored fence is drawn as a step: the job row's segments climb with 0, 1, 2 (the
+    # lanes' axis runs downwards, so a higher fence has a smaller y).
+    jobs_y = [t.get_text() for t in ax.get_yticklabels()].index("jobs row")
+    steps = [
+        line.get_ydata()[0]
+        for line in ax.lines
+        if line.get_linewidth() == 5 and abs(line.get_ydata()[0] - jobs_y) < 0.5
+    ]
+    assert len(steps) == 3 and steps[0] > steps[1] > steps[2], steps
     arrows = [t for t in ax.texts if t.get_text() == "" and t.arrow_patch is not None]
     assert len(arrows) == 6  # two claims, two accepted writes, two refused
     _labels_apart(fig)
@@ -264,4 +308,13 @@ def test_notify_ratios_pair_the_trigger_on_and_off_rows() -> None:
     assert len(ratios) == len(notify) // 2
     assert set(ratios.index.get_level_values("method")) == {"enqueue", "enqueue_many"}
     assert (ratios.ratio_min <= ratios.ratio_off_to_on).all()
-    _titled(failures.plot_notify_cost(notify, failures.stamp(notify, machine)))
+    # 16 producers: every run apart; 4 producers: the runs overlap (within noise)
+    assert ratios.apart[("enqueue", 16)] and not ratios.apart[("enqueue", 4)]
+    fig = failures.plot_notify_cost(notify, failures.stamp(notify, machine))
+    _titled(fig)
+    left = fig.axes[0]
+    # every run drawn as its own marker (3 per setting, trigger on and off), no trend line
+    points = sum(len(line.get_xdata()) for line in left.get_lines())
+    assert points == 3 * len(notify[notify.method == "enqueue"])
+    notes = [t.get_text() for t in left.texts]
+    assert sum("within noise" in n for n in notes) == 1

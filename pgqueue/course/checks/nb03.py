@@ -10,8 +10,9 @@ from typing import Any
 import psycopg
 
 from ...db import first_line
+from ...queue import Queue
 from ..stories import sandbox
-from . import expect, passed
+from . import compare_prediction, expect, passed, take_out
 from .tiers import Hints
 
 HEARTBEAT_HINTS = Hints()
@@ -140,6 +141,7 @@ _ROWS = {
     4: ("running", "30 seconds", 3, 3, "running"),  # healthy, last attempt: not dead yet
     5: ("done", "-10 seconds", 1, 3, "done"),  # finished (a lease_until left behind)
     6: ("ready", None, 2, 3, "ready"),  # waiting for a retry
+    7: ("running", "2 seconds", 1, 3, "running"),  # about to run out, but not yet
 }
 
 
@@ -180,7 +182,8 @@ def check_reaper(dsn: str, statement: object) -> None:
             row[0]: row[1:]
             for row in conn.execute(
                 "SELECT id, status, lease_until, attempts, fence,"
-                " abs(extract(epoch FROM finished_at - now())) < 1 FROM jobs ORDER BY id"
+                " abs(extract(epoch FROM finished_at - now())) < 1,"
+                " abs(extract(epoch FROM run_at - now())) < 1 FROM jobs ORDER BY id"
             ).fetchall()
         }
         for job_id in (3, 4):
@@ -190,6 +193,13 @@ def check_reaper(dsn: str, statement: object) -> None:
                 f"the reaper returned job {job_id}, whose lease ends 30 s from now",
                 "compare lease_until with now(): lease_until < now()",
             )
+        hints.expect(
+            7 not in returned and rows[7][0] == "running",
+            "early",
+            "the reaper returned job 7, whose lease still has 2 s to run: its worker may be "
+            "about to heartbeat, and now two workers hold the job",
+            "a lease ends when lease_until has passed, not shortly before: lease_until < now()",
+        )
         for job_id, what in ((5, "done"), (6, "ready, waiting for a retry")):
             hints.expect(
                 job_id not in returned and rows[job_id][0] == _ROWS[job_id][4],
@@ -250,7 +260,14 @@ def check_reaper(dsn: str, statement: object) -> None:
                 "only a claim counts an attempt; the reaper just hands the job back",
             )
         hints.expect(
-            rows[3][1] == before[3] and rows[4][1] == before[4],
+            rows[1][5] is True,
+            "run-at",
+            "job 1 is ready again, but its run_at still says a minute ago: claims take the "
+            "oldest run_at first, so it would jump ahead of every job already waiting",
+            "set run_at = now(): a returned job goes to the back of the line",
+        )
+        hints.expect(
+            rows[3][1] == before[3] and rows[4][1] == before[4] and rows[7][1] == before[7],
             "live-changed",
             "your reaper changed the lease of a healthy job",
             "leave running jobs with a lease in the future alone",
@@ -263,7 +280,67 @@ def check_reaper(dsn: str, statement: object) -> None:
             "a returned job must no longer match the WHERE clause",
         )
     passed(
-        "your reaper returned job 1 (ready) and job 2 (dead, finished now, no attempts left), "
-        "left the two live leases and the jobs that were not running alone, and a second run "
-        "found nothing"
+        "your reaper returned job 1 (ready, at the back of the line) and job 2 (dead, "
+        "finished now, no attempts left), left the three live leases (one with 2 s to go) and "
+        "the jobs that were not running alone, and a second run found nothing"
+    )
+
+
+def without_run_at(statement: object) -> str:
+    """The reader's REAP without its ``run_at = now()``."""
+    return take_out(
+        statement,
+        r"run_at\s*=\s*now\(\)\s*,\s*|,\s*run_at\s*=\s*now\(\)",
+        "run_at = now()",
+        "REAP",
+    )
+
+
+def _next_claim(dsn: str, statement: str) -> dict[str, object]:
+    """Job 1 was claimed a minute ago and its worker died; jobs 2 and 3 have waited 10 and
+    5 seconds. The reaper (``statement``) runs, then one claim of one job: which it takes,
+    and how long ago job 1's run_at says it became due."""
+    with sandbox(dsn) as conn:
+        conn.execute(
+            "INSERT INTO jobs (id, queue, payload, status, lease_until, attempts, fence,"
+            " run_at) VALUES"
+            " (1, 'videos', '{}', 'running', now() - interval '1 second', 1, 1,"
+            "  now() - interval '1 minute'),"
+            " (2, 'videos', '{}', 'ready', NULL, 0, 0, now() - interval '10 seconds'),"
+            " (3, 'videos', '{}', 'ready', NULL, 0, 0, now() - interval '5 seconds')"
+        )
+        try:
+            conn.execute(statement)  # type: ignore[arg-type]  # the reader's own SQL
+        except psycopg.Error as exc:
+            expect(False, f"PostgreSQL refused the statement: {first_line(exc)}")
+        (due,) = conn.execute(
+            "SELECT round(extract(epoch FROM now() - run_at))::int FROM jobs WHERE id = 1"
+        ).fetchone() or (None,)
+        [job] = Queue(conn).claim("videos", limit=1, lease=30)
+        return {"next_claimed": job.id, "job_1_due_s_ago": due}
+
+
+def check_reaper_without_run_at(dsn: str, statement: object, prediction: object) -> None:
+    """The reader's REAP with ``run_at = now()`` taken out, then the next claim; the
+    reader's prediction of which job it takes, and the whole reaper run beside it."""
+    broken = _next_claim(dsn, without_run_at(statement))
+    compare_prediction(
+        prediction,
+        broken,
+        {
+            "next_claimed": "claims take the earliest run_at first, and job 1's still says "
+            "when it was first due, a minute ago: it jumps ahead of jobs 2 and 3",
+            "job_1_due_s_ago": "without run_at = now() the reaper leaves the run_at it had "
+            "when it was first claimed",
+        },
+    )
+    real = _next_claim(dsn, str(statement))
+    expect(
+        real["next_claimed"] == 2,
+        f"with run_at = now() the next claim should take job 2, but it took {real}",
+    )
+    passed(
+        "right: without run_at = now() the returned job keeps its old place and jumps ahead of "
+        "every job waiting (job 1 first); with it (run too) job 1 goes to the back of the line "
+        "and job 2, waiting longest, is next"
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from typing import Any
 
 import psycopg
@@ -14,7 +15,7 @@ from ...job import Job
 from ...queue import Queue
 from .. import lab
 from ..stories import sandbox
-from . import expect, passed
+from . import compare_prediction, expect, passed, take_out
 from .tiers import Hints
 
 BACKOFF = 2.0  # seconds; the check's backoff, so the first retry waits 2 * 2**1 = 4 s
@@ -261,6 +262,57 @@ def check_complete_without_fence(dsn: str, prediction: Mapping[str, object]) -> 
     )
 
 
+def without_status(statement: object) -> str:
+    """The reader's COMPLETE without its ``status = 'running'`` condition."""
+    return take_out(
+        statement,
+        r"\s+AND\s+status\s*=\s*'running'|status\s*=\s*'running'\s+AND\s+",
+        "status = 'running'",
+        "COMPLETE",
+    )
+
+
+def _late_complete(dsn: str, statement: str) -> dict[str, object]:
+    """A claims a job on its one attempt and freezes; its lease runs out and the reaper
+    sends the job dead (nobody claims it again, so its fence stays A's); A wakes and
+    completes with ``statement``."""
+    with sandbox(dsn) as conn:
+        q = Queue(conn)
+        q.enqueue({"report": 1}, queue="story", max_attempts=1)
+        [a] = q.claim("story", lease=30)
+        _expire_and_reap(conn, q, a)
+        took = _run(conn, statement, {"id": a.id, "fence": a.fence}, "%(id)s and %(fence)s")
+        return {"a_complete": took == 1, "status": _row(conn, a.id)["status"]}
+
+
+def check_complete_without_status(dsn: str, statement: object, prediction: object) -> None:
+    """The reader's COMPLETE with ``status = 'running'`` taken out, run in the story of a
+    job the reaper sent dead before its frozen holder woke; the reader's prediction of
+    what the late complete does, and the story with the whole statement beside it."""
+    broken = _late_complete(dsn, without_status(statement))
+    compare_prediction(
+        prediction,
+        broken,
+        {
+            "a_complete": "the reaper does not raise the fence, so A's fence still matches "
+            "and, without the status, nothing else stops the UPDATE",
+            "status": "A's late complete turned a job the queue had given up on (dead, "
+            "with the reaper's note in last_error) into done",
+        },
+    )
+    real = _late_complete(dsn, str(statement))
+    expect(
+        real == {"a_complete": False, "status": "dead"},
+        f"with status = 'running' A's late complete should be refused and the job stay "
+        f"dead, but the story gave {real}",
+    )
+    passed(
+        "right: without status = 'running' A's late complete took a dead job (its fence "
+        "unchanged by the reaper) and made it done, telling A it had completed; with it "
+        "(run too) A is refused and the job stays dead with the reaper's note"
+    )
+
+
 COMPLETE_HINTS = Hints()
 WRITE_HINTS = Hints()
 STORY_HINTS = Hints()
@@ -461,11 +513,34 @@ def check_side_write(dsn: str, statement: object) -> None:
 Work = Callable[[psycopg.Connection, Job, str], tuple[object, object]]
 
 
+class _Killed(BaseException):
+    """The check's stand-in for a worker killed between two statements (a BaseException,
+    so that an ``except Exception`` in the reader's code does not catch it)."""
+
+
+class _KilledAfter:
+    """A connection that runs ``statements`` statements and then dies: the next
+    ``execute`` raises ``_Killed`` instead of running. Everything else is the connection's."""
+
+    def __init__(self, conn: psycopg.Connection, statements: int) -> None:
+        self._conn, self._left = conn, statements
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        if self._left == 0:
+            raise _Killed("the worker was killed here")
+        self._left -= 1
+        return self._conn.execute(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
 def check_paused_worker(dsn: str, work: Work) -> None:
     """Replay the paused-worker story with the reader's ``work(conn, job, body)`` (one pass
     of a worker's loop: write report 1, complete the job; returns whether each took
     effect): A claims and freezes past its lease, the reaper returns the job, B claims and
-    works; A wakes after B, and (second run) before B has written anything."""
+    works; A wakes after B, and (second run) before B has written anything. Then a worker
+    killed between its two statements must not leave a done job without its report."""
     hints = STORY_HINTS
     expect(callable(work), "work should be a function work(conn, job, body)")
     outcomes = {}
@@ -509,10 +584,32 @@ def check_paused_worker(dsn: str, work: Work) -> None:
             "changes 0 rows",
         )
         outcomes[order] = a_did
+    # A worker killed between its two statements: whatever ran first stays. A report written
+    # and a job still running is retried (the reaper returns it); a job done without its
+    # report is never run again, and the report is lost.
+    with sandbox(dsn) as conn:
+        conn.execute(
+            "CREATE TEMP TABLE reports (id int PRIMARY KEY, body text NOT NULL,"
+            " job_id bigint, fence bigint NOT NULL)"
+        )
+        c = _claim(Queue(conn), {"report": 1})
+        with suppress(_Killed):
+            work(_KilledAfter(conn, 1), c, "report by C")  # type: ignore[arg-type]
+        reported = conn.execute("SELECT count(*) FROM reports WHERE id = 1").fetchone()
+        killed_row = _row(conn, c.id)
+    hints.expect(
+        not (killed_row["status"] == "done" and reported == (0,)),
+        "order",
+        "a worker killed between your two statements left the job done and report 1 "
+        "missing: nobody runs a done job again, so the report is lost for good",
+        "write the report first, then complete: killed in between, the job is still running "
+        "and the reaper gives it to another worker, whose fenced write replaces the report",
+    )
     late = outcomes["A wakes before B writes"]
     passed(
         "your statements survive the paused worker: whenever A wakes, the report is B's, the "
-        "job is done by B and A's complete is refused"
+        "job is done by B and A's complete is refused, and a worker killed between them "
+        "leaves no done job without its report"
         + (
             "; A's write into the still missing row went in and B's newer fence replaced it "
             "(pgqueue's job.fenced_write also checks the job row, and refuses it at once)"

@@ -28,6 +28,7 @@ CREATE TABLE receipts (
 """
 JOBS = 20  # as many as the worker runs at once: with awaited I/O they all wait together
 IO = 0.1  # seconds of I/O in the notebook's send_email
+FIRST_ORDER = 1001  # order numbers unlike the jobs' ids, so a row keyed by job.id shows
 
 
 async def check_async_handler(handler: Callable[[AsyncJob], Awaitable[Any]]) -> None:
@@ -51,8 +52,9 @@ async def check_async_handler(handler: Callable[[AsyncJob], Awaitable[Any]]) -> 
     with lab.scratch_database("course_13_exercise") as dsn:
         async with AsyncQueue(dsn) as q:
             await q.conn.execute(RECEIPTS)
+            orders = range(FIRST_ORDER, FIRST_ORDER + JOBS)
             ids = await q.enqueue_many(
-                [{"order_id": n} for n in range(1, JOBS + 1)], queue="emails", max_attempts=1
+                [{"order_id": n} for n in orders], queue="emails", max_attempts=1
             )
             worker = AsyncWorker(
                 watched,
@@ -73,7 +75,7 @@ async def check_async_handler(handler: Callable[[AsyncJob], Awaitable[Any]]) -> 
                 "SELECT id, status, last_error FROM jobs WHERE status <> 'done' ORDER BY id"
             )
             failed = await cur.fetchall()
-            cur = await q.conn.execute("SELECT order_id, job_id, fence FROM receipts")
+            cur = await q.conn.execute("SELECT order_id, job_id, fence, body FROM receipts")
             receipts = await cur.fetchall()
     hints = HINTS
     if failed:
@@ -98,12 +100,27 @@ async def check_async_handler(handler: Callable[[AsyncJob], Awaitable[Any]]) -> 
         'write one receipt per job, keyed by job.payload["order_id"]',
     )
     hints.expect(
-        {(order, job, fence) for order, job, fence in receipts}
-        == {(n, job_id, 1) for n, job_id in enumerate(ids, start=1)},
+        {(order, job, fence) for order, job, fence, _ in receipts}
+        == {(n, job_id, 1) for n, job_id in zip(orders, ids, strict=True)},
         "keyed",
-        "the receipts' (order_id, job_id, fence) are not each job's own order, id and fence 1",
+        "the receipts' (order_id, job_id, fence) are not each job's own order, id and fence 1 "
+        f"(orders {FIRST_ORDER} to {FIRST_ORDER + JOBS - 1}, job ids {ids[0]} to {ids[-1]})",
         'job.fenced_write("receipts", {"order_id": job.payload["order_id"]}, {"body": ...}) '
         "adds the job's id and fence itself",
+    )
+    order, body = min((order, body) for order, _, _, body in receipts)
+    hints.expect(
+        not body.startswith("<coroutine"),
+        "body-coroutine",
+        f"the receipt of order {order} reads {body.split(' at ')[0]}...>, not the e-mail "
+        "service's answer",
+        "send_email is a coroutine function: body = await send_email(order_id)",
+    )
+    hints.expect(
+        all(str(order) in body for order, _, _, body in receipts),
+        "body",
+        f"the receipt of order {order} reads {body!r}, which does not name its order",
+        "store what await send_email(order_id) answered as the body",
     )
     span = max(ends) - min(starts)
     hints.expect(

@@ -99,6 +99,7 @@ def check_tick(statement: object, dsn: str) -> None:
     params = {"schedule": schedule, "slot": slot}
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(SLOTS_DDL)
+        (newest,) = conn.execute("SELECT coalesce(max(id), 0) FROM jobs").fetchone() or (0,)
         try:
             waited, error = _race(dsn, statement, params)
             if isinstance(error, psycopg.errors.UniqueViolation):
@@ -112,6 +113,18 @@ def check_tick(statement: object, dsn: str) -> None:
             if error is not None:
                 expect(False, f"the second ticker's statement failed: {error}")
             jobs, slot_rows, named = _counts(conn, schedule, slot)
+            # A job made without the two keys is not "no job": say what its payload lacks.
+            unnamed = conn.execute(
+                "SELECT id, payload FROM jobs WHERE id > %s ORDER BY id LIMIT 1", [newest]
+            ).fetchone()
+            TICK_HINTS.expect(
+                jobs > 0 or unnamed is None,
+                "payload",
+                f"two ticks of slot {slot:%H:%M:%S} made job {unnamed[0] if unnamed else ''} "
+                f"with the payload {unnamed[1] if unnamed else ''!r}: the check finds a slot's "
+                "jobs by their payload's 'schedule' and 'slot', and this one names neither",
+                "payload jsonb_build_object('schedule', %(schedule)s::text, 'slot', %(slot)s)",
+            )
             TICK_HINTS.expect(
                 jobs > 0,
                 "no-job",
@@ -166,6 +179,8 @@ def check_tick(statement: object, dsn: str) -> None:
             )
         finally:
             conn.execute("DELETE FROM jobs WHERE payload->>'schedule' = %s", [schedule])
+            # and the jobs a tick made without the keys (left ready, a later worker runs them)
+            conn.execute("DELETE FROM jobs WHERE id > %s AND NOT payload ? 'schedule'", [newest])
             conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
     passed(
         "two ticks of one slot at the same moment made one job (the second "

@@ -18,7 +18,7 @@ from ...errors import LeaseLost
 from ...job import Job
 from ...queue import Queue
 from ..steps_lab import INVOICES
-from . import expect, passed
+from . import compare_prediction, expect, passed
 from .tiers import Hints
 
 STEP_HINTS = Hints()
@@ -305,4 +305,71 @@ def check_finish(finish: Callable[[Queue, Job, int], Any], dsn: str) -> None:
     passed(
         "the holder's invoice and completion committed together; a stale holder left neither "
         "and was told; a failed insert left the job running for a retry"
+    )
+
+
+def with_now(statement: object) -> str:
+    """The reader's STEP_PUT with its lease check on ``now()`` instead of
+    ``clock_timestamp()``."""
+    import re
+
+    expect(isinstance(statement, str), "STEP_PUT should be the statement, as text")
+    assert isinstance(statement, str)
+    out, n = re.subn(
+        r"lease_until\s*>\s*clock_timestamp\(\)|clock_timestamp\(\)\s*<\s*lease_until",
+        "lease_until > now()",
+        statement,
+        flags=re.I,
+    )
+    expect(n == 1, f"your STEP_PUT should compare lease_until with clock_timestamp() once; {n}")
+    return out
+
+
+def _late_in_transaction(dsn: str, statement: str) -> dict[str, object]:
+    """A transaction begins; then a job is claimed with a 1 s lease (so its lease_until is
+    later than the transaction's now()); the transaction idles past that lease, then writes
+    a step with ``statement``. Whether the step was stored."""
+    jobs = _Jobs(dsn)
+    try:
+        with psycopg.connect(dsn) as conn:  # not autocommit: one transaction from here
+            conn.execute("SELECT now()")  # the transaction's now() is fixed here
+            job = jobs.claim(lease=1.0)
+            (left,) = jobs.q.conn.execute(
+                "SELECT extract(epoch FROM lease_until - clock_timestamp())::float8"
+                " FROM jobs WHERE id = %s",
+                [job.id],
+            ).fetchone() or (1.0,)
+            time.sleep(max(0.0, float(left)) + 0.3)  # idle in the transaction past the lease
+            params = {"job": job.id, "fence": job.fence, "name": "late", "output": Jsonb(1)}
+            try:
+                conn.execute(statement, params)  # type: ignore[arg-type]
+            except psycopg.Error as exc:
+                expect(False, f"PostgreSQL refused the statement: {first_line(exc)}")
+            conn.commit()
+        return {"stored": _stored(jobs.q.conn, job.id, "late") is not None}
+    finally:
+        jobs.close()
+
+
+def check_step_put_with_now(dsn: str, statement: object, prediction: object) -> None:
+    """The reader's STEP_PUT with ``now()`` in its lease check, written from a transaction
+    that idled past the lease; the reader's prediction of whether it stores the step, and
+    the statement as written run beside it."""
+    broken = _late_in_transaction(dsn, with_now(statement))
+    compare_prediction(
+        prediction,
+        broken,
+        {
+            "stored": "now() is the moment the transaction began, when the lease still had "
+            "a second to run, however long the transaction has idled since",
+        },
+    )
+    real = _late_in_transaction(dsn, str(statement))
+    expect(
+        real == {"stored": False},
+        f"with clock_timestamp() the late step should be refused, but the run gave {real}",
+    )
+    passed(
+        "right: with now() the lease check looked at the transaction's start, so a step "
+        "written after the lease ran out was stored; clock_timestamp() (run too) refused it"
     )
