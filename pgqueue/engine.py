@@ -59,8 +59,9 @@ from .handlers import (
     outcome_of,
 )
 from .job import Job
+from .keeper import Keeper
 from .lanes import RELEASED, SKIPPED, PlainLanes
-from .links import Bell, Link
+from .links import DISCONNECTS, Bell, Link
 from .options import WorkerOptions
 from .rules import Phase
 from .tasks import Task
@@ -70,7 +71,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pgqueue.worker")
 
-DISCONNECTS = (psycopg.OperationalError, psycopg.InterfaceError, ConnectError)
 FINAL_WRITES = 3.0  # seconds a stop gives its last writes after the grace (forced: 0.5)
 
 
@@ -104,6 +104,7 @@ class Engine:
         # Every job's ending (complete, fail, release by fence, the completion buffer, the
         # counts of how jobs ended): endings.py.
         self.ends = Endings(self)
+        self.keeper = Keeper(self)  # heartbeats, local deadlines, timeouts: keeper.py
 
         self.claims: dict[Key, Claim] = {}  # claimed, not finished
         self._waiting: deque[Claim] = deque()  # claimed, not started
@@ -220,7 +221,7 @@ class Engine:
             )
         self._pool = ConnectionPool(o.connections, self._connect_async, o.pgbouncer)
         self._tasks.append(asyncio.create_task(self._dispatch(), name=f"pgqueue-{o.name}"))
-        self._tasks.append(asyncio.create_task(self._keep(), name=f"pgqueue-{o.name}-keeper"))
+        self._tasks.append(asyncio.create_task(self.keeper.run(), name=f"pgqueue-{o.name}-keeper"))
         self._tasks.append(asyncio.create_task(self._reaping(), name=f"pgqueue-{o.name}-reaper"))
         if self._schedules:
             self._tasks.append(asyncio.create_task(self._ticking(), name=f"pgqueue-{o.name}-tick"))
@@ -637,29 +638,6 @@ class Engine:
         if claim.batch.left == 0:
             self.ends.flush_soon()  # the batch is over: its completions go now, together
 
-    def _time_out(self) -> None:
-        """Fail each job whose handler ran past its timeout at once (the fence rises, so
-        its late writes are refused) and free its slot: a coroutine is cancelled, a hung
-        lane retired (a new one takes its place; the thread ends when its handler does)."""
-        now = time.monotonic()
-        for claim, task in list(self._running.items()):
-            if rules.late(claim.started, claim.timeout, now) and not claim.timed_out:
-                claim.timed_out = True
-                task.cancel()
-                self._give_back_slot()
-                self._fail_late(claim)
-        for lane, claim in self._plain.running() if self._plain is not None else []:
-            if rules.late(claim.started, claim.timeout, now) and self._plain.retire(lane, claim):
-                self._fail_late(claim)
-
-    def _fail_late(self, claim: Claim) -> None:
-        claim.job.mark_lost()  # first: nothing the handler writes from now on counts
-        failure = self._timed_out(claim)
-        if self.ends.own(claim):
-            self.ends.spawn(claim, "fail", failure)
-        self._count_down(claim)
-        self._slot_freed()
-
     def _call_plain(
         self, job: Job, lane: str, connection: Callable[[], psycopg.Connection]
     ) -> Outcome:
@@ -767,95 +745,6 @@ class Engine:
         log.warning("%s: left job %s to its lease after %s", claim.lane, claim.job.id, why)
 
     # -- the keeper: heartbeats, local deadlines, late flushes --------------------------
-    async def _keep(self) -> None:
-        link = Link(self)
-        beat_every = rules.beat_every(self.options.lease)
-        next_beat = time.monotonic() + beat_every
-        # Each heartbeat is a task of its own: a statement stuck on a half-open connection
-        # holds up neither the local deadlines nor the timed flushes of this loop.
-        beating: asyncio.Task[None] | None = None
-        try:
-            while self.phase < Phase.LEAVING:
-                if self.phase == Phase.STOPPING and not self.claims:
-                    break
-                self.seams._gate()  # a frozen process sends no heartbeats
-                now = time.monotonic()
-                try:
-                    if now >= next_beat and (beating is None or beating.done()):
-                        if beating is not None:
-                            beating.result()  # how the last one ended: raises its error
-                        beating = asyncio.create_task(self._beat(link))
-                        next_beat = now + beat_every
-                    self._expire()
-                    self._time_out()
-                    waited = 0.0 if self.phase == Phase.STOPPING else self.options.flush_after
-                    if self.ends.buffer and now - self.ends.buffer[0][1] >= waited:
-                        self.ends.flush_soon()
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # the keeper must not die silently either
-                    beating = None
-                    await link.drop()
-                    if await self._broken_setup(exc):
-                        return
-                    level = logging.WARNING if isinstance(exc, DISCONNECTS) else logging.ERROR
-                    name = self.options.name
-                    log.log(level, "%s: keeper: %s; reconnecting", name, describe(exc))
-                    await asyncio.sleep(0.1)
-                    continue
-                # Ticks of at most 0.1 s: a job claimed meanwhile may have a local deadline
-                # to watch (a tick that sends nothing costs no statement).
-                wait = min(0.1, max(0.005, next_beat - time.monotonic()))
-                if self.ends.buffer:
-                    wait = min(wait, self.options.flush_after / 2)
-                await asyncio.sleep(wait)
-        finally:
-            if beating is not None:
-                beating.cancel()
-                await asyncio.gather(beating, return_exceptions=True)
-            await link.drop()
-
-    async def _beat(self, link: Link) -> None:
-        await self._heartbeat(await link.get())
-
-    async def _heartbeat(self, queue: AsyncQueue) -> None:
-        held = [c for c in self.claims.values() if not c.job.lost]
-        if not held:
-            return
-        jobs = [c.job for c in held]
-        lost = {key_of(j) for j in await queue.heartbeat_many(jobs, lease=self.options.lease)}  # type: ignore[arg-type]
-        if self.phase >= Phase.HALTED:
-            return
-        rows = []
-        for c in held:
-            key = key_of(c.job)
-            if key not in lost:
-                rows.append(("heartbeat", c.lane, c.job.id, c.job.fence, ""))
-            elif key not in self.ends.finishing and self.claims.get(key) is c:
-                # (a job finished meanwhile is not lost: its ending tells how it went)
-                rows.append(("lease-lost", c.lane, c.job.id, c.job.fence, ""))
-                log.warning(
-                    "%s: lost the lease on job %s (fence %s)", c.lane, c.job.id, c.job.fence
-                )
-        self.events.record_many(rows)
-
-    def _expire(self) -> None:
-        """Jobs whose lease ran out on this worker's clock are lost, whether or not a
-        heartbeat could say so (a keeper cut off from the server cannot)."""
-        now = time.monotonic()
-        for claim in list(self.claims.values()):
-            job = claim.job
-            seen = claim.expiry_seen or key_of(job) in self.ends.finishing
-            if seen or not rules.expired(job.deadline, now):
-                continue
-            claim.expiry_seen = True
-            job.mark_lost()
-            self._record(claim.lane, "lease-lost", job, "lease ran out here")
-            log.warning(
-                "%s: the lease on job %s ran out before a heartbeat could renew it",
-                claim.lane,
-                job.id,
-            )
 
     async def _reaping(self) -> None:
         """Run the reaper every ``reap_interval`` (the first at a random point of the

@@ -9,6 +9,8 @@ import contextlib
 import logging
 from typing import Protocol
 
+import psycopg
+
 from . import rules
 from .async_queue import AsyncQueue
 from .errors import ConnectError
@@ -16,6 +18,9 @@ from .options import WorkerOptions
 from .rules import Phase
 
 log = logging.getLogger("pgqueue.worker")
+
+# What a lost connection raises: logged as a warning, and the loop carries on.
+DISCONNECTS = (psycopg.OperationalError, psycopg.InterfaceError, ConnectError)
 
 
 class Owner(Protocol):

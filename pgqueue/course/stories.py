@@ -157,7 +157,7 @@ class NoHeartbeatWorker(Worker):
         async def lost_on_the_way(queue: Any) -> None:
             """Send nothing: as if every heartbeat were lost on the way."""
 
-        self.engine._heartbeat = lost_on_the_way  # type: ignore[method-assign]
+        self.engine.keeper.heartbeat = lost_on_the_way  # type: ignore[method-assign]
 
 
 class ReaperRace(NamedTuple):

@@ -238,7 +238,7 @@ class StalledKeeper(Worker):
         async def hang(queue: AsyncQueue) -> None:
             await asyncio.to_thread(self.stall.wait, 30)
 
-        self.engine._heartbeat = hang  # type: ignore[method-assign]
+        self.engine.keeper.heartbeat = hang  # type: ignore[method-assign]
 
 
 def test_a_stalled_keeper_does_not_start_jobs_after_their_lease_ran_out(
