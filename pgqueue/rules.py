@@ -106,7 +106,7 @@ def not_ours(payload: object, runs: str | None) -> str | None:
     django = payload.get("django") if isinstance(payload, dict) else None
     if runs != "django" and isinstance(django, dict) and isinstance(django.get("task"), str):
         return (
-            f"WrongWorker: this job is the Django task {django['task']}, enqueued through "
+            f"PgQueueError: this job is the Django task {django['task']}, enqueued through "
             "pgqueue's django.tasks backend; only manage.py pgqueue_worker runs it, and this "
             "worker's handler is not that: nothing ran. Run pgqueue_worker for this queue, "
             "then retry the job (pgqueue retry-dead --id ID)"
