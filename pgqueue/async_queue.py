@@ -456,6 +456,12 @@ class AsyncQueue:
         refused and its handler sees ``job.lost``. Done, dead or cancelled jobs: False."""
         return await self._one("cancel", {"id": checked_job_id(job_id)}) is not None
 
+    async def cancel_many(self, job_ids: Sequence[int]) -> list[int]:
+        """``cancel`` for many jobs in one statement; the ids that were ready or running,
+        now cancelled (their running holders fenced out)."""
+        ids = [checked_job_id(job_id) for job_id in job_ids]
+        return [row[0] for row in await self._all("cancel_many", {"ids": ids})] if ids else []
+
     # -- per-group limits ------------------------------------------------------------
     async def limit(self, queue: str, *, per_group: int | None) -> None:
         """Let at most ``per_group`` jobs of one group (``enqueue(group=...)``) of ``queue``

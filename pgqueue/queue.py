@@ -443,6 +443,12 @@ class Queue:
         refused and its handler sees ``job.lost``. Done, dead or cancelled jobs: False."""
         return self._one("cancel", {"id": checked_job_id(job_id)}) is not None
 
+    def cancel_many(self, job_ids: Sequence[int]) -> list[int]:
+        """``cancel`` for many jobs in one statement; the ids that were ready or running,
+        now cancelled (their running holders fenced out)."""
+        ids = [checked_job_id(job_id) for job_id in job_ids]
+        return [row[0] for row in self._all("cancel_many", {"ids": ids})] if ids else []
+
     # -- per-group limits ------------------------------------------------------------
     def limit(self, queue: str, *, per_group: int | None) -> None:
         """Let at most ``per_group`` jobs of one group (``enqueue(group=...)``) of ``queue``

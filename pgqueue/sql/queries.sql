@@ -471,6 +471,20 @@ RETURNING before.status,
           CASE WHEN EXISTS (SELECT FROM pgqueue_waiters w WHERE w.job_id = j.id)
                THEN pg_notify('pgqueue_done', j.id::text) END;
 
+-- name: cancel_many
+-- cancel for many ids in one statement: each ready or running job among %(ids)s is
+-- cancelled and its fence rises, so a running job's holder is refused from then on; a
+-- waiting Queue.result hears of it. Rows are locked in id order (two bulk cancels cannot
+-- deadlock). Returns the ids cancelled.
+UPDATE jobs AS j
+SET status = 'cancelled', fence = j.fence + 1, lease_until = NULL, finished_at = now()
+FROM (SELECT id, status FROM jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR UPDATE)
+  AS before
+WHERE j.id = before.id AND before.status IN ('ready', 'running')
+RETURNING j.id,
+          CASE WHEN EXISTS (SELECT FROM pgqueue_waiters w WHERE w.job_id = j.id)
+               THEN pg_notify('pgqueue_done', j.id::text) END;
+
 -- name: get
 -- One job as it is now, by id (for inspection, and to learn how a write whose reply was
 -- lost ended).

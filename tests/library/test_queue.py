@@ -49,6 +49,7 @@ TESTED_QUERIES = {
     "retry_dead_ids",
     "get",
     "cancel",
+    "cancel_many",
     "enqueue_keyed",
     "key_holders",
     "stats",
@@ -1043,3 +1044,21 @@ def test_a_heartbeat_moves_the_jobs_lease_until_to_what_the_database_wrote(
     assert queue.heartbeat_many([first, second], lease=120) == []
     stored_now = dict(rows(dsn, "SELECT id, lease_until FROM jobs"))
     assert (first.lease_until, second.lease_until) == (stored_now[first.id], stored_now[second.id])
+
+
+def test_cancel_many_cancels_the_ready_and_running_and_fences_out_their_holders(
+    queue: Queue, dsn: str
+) -> None:
+    ready, running, done = queue.enqueue_many([{}, {}, {}], queue="q")
+    claimed = queue.claim("q", limit=3)
+    held = {j.id: j for j in claimed}
+    assert queue.complete(held[done])
+    assert queue.release(held[ready])
+    assert sorted(queue.cancel_many([ready, running, done, 999_999])) == [ready, running]
+    assert not queue.complete(held[running])  # its holder is fenced out
+    assert rows(dsn, "SELECT status FROM jobs ORDER BY id") == [
+        ("cancelled",),
+        ("cancelled",),
+        ("done",),
+    ]
+    assert queue.cancel_many([]) == []

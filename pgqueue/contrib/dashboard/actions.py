@@ -8,7 +8,7 @@ running job's fence rises, so its holder is refused from then on). A filter's jo
 batches of ``BATCH`` ids, one short transaction each (never one statement over millions of
 rows that holds back vacuum): the ids are read newest first below a cursor, then changed
 by one statement that checks each job's status again (``retry_dead_ids``, and
-``dashboard.sql``'s ``cancel_many`` and ``delete_finished``). Jobs added after the action
+``AsyncQueue.cancel_many`` and ``dashboard.sql``'s ``delete_finished``). Jobs added after the action
 began are left alone: it starts below the newest id of its first look.
 """
 
@@ -72,7 +72,7 @@ async def bulk(store: Store, name: str, chosen: Filter, who: str) -> dict[str, A
                 changed += len(retried)
                 skipped += [left._asdict() for left in retried.skipped]
             elif name == "cancel":
-                changed += len(await c.rows("cancel_many", {"ids": ids}))
+                changed += len(await c.queue.cancel_many(ids))
             else:
                 changed += len(await c.rows("delete_finished", {"ids": ids}))
     log.info("%s: %s %d job(s) matching %s", who, name, changed, chosen.query() or "everything")

@@ -108,20 +108,6 @@ WHERE id < %(before)s
 ORDER BY id DESC
 LIMIT %(limit)s;
 
--- name: cancel_many
--- Queue.cancel (queries.sql: cancel) for many ids in one statement: each ready or running
--- job among %(ids)s is cancelled and its fence rises, so a running job's holder is refused
--- from then on; a waiting Queue.result hears of it. Returns the ids cancelled. (A candidate
--- for queries.sql as Queue.cancel_many: the dashboard's bulk cancel is its only user now.)
-UPDATE jobs AS j
-SET status = 'cancelled', fence = j.fence + 1, lease_until = NULL, finished_at = now()
-FROM (SELECT id, status FROM jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR UPDATE)
-  AS before
-WHERE j.id = before.id AND before.status IN ('ready', 'running')
-RETURNING j.id,
-          CASE WHEN EXISTS (SELECT FROM pgqueue_waiters w WHERE w.job_id = j.id)
-               THEN pg_notify('pgqueue_done', j.id::text) END;
-
 -- name: delete_finished
 -- Delete the finished jobs (done, dead or cancelled) among %(ids)s, with their durable
 -- steps in the same statement (as prune does); ready and running jobs are left: cancel
