@@ -81,36 +81,6 @@ def stop_all(workers: Mapping[Any, Worker]) -> None:
         list(pool.map(lambda w: w.stop(grace=1), workers.values()))
 
 
-def measure_latency(
-    q: Queue,
-    workers: Mapping[Setting, Worker],
-    started: dict[int, float],
-    rounds: int,
-    spread: float,
-) -> pd.DataFrame:
-    """``rounds`` rounds of one job per worker, in a random order; after each round, a
-    random pause of up to ``spread`` seconds, so that jobs land at a random point of each
-    worker's poll cycle. One row per job: its setting and enqueue-to-start latency (ms;
-    NaN if it never started within 5 s)."""
-    import numpy as np
-    import pandas as pd
-
-    rows = []
-    for _ in range(rounds):
-        sent = {}
-        for key in random.sample(list(workers), len(workers)):
-            t0 = time.time()
-            sent[q.enqueue({"sent": t0}, queue=workers[key].queue)] = (key, t0)
-        deadline = time.monotonic() + 5
-        while not sent.keys() <= started.keys() and time.monotonic() < deadline:
-            time.sleep(0.002)
-        for job_id, ((poll, listen), t0) in sent.items():
-            latency = started.get(job_id, np.nan) - t0
-            rows.append({"poll_interval_s": poll, "listen": listen, "latency_ms": 1000 * latency})
-        time.sleep(random.uniform(0, spread))
-    return pd.DataFrame(rows)
-
-
 def plot_latency(latency: pd.DataFrame) -> Figure:
     """Each job's latency (dots) and the median per setting (lines) against the poll
     interval, with one interval (the longest wait) and half of one (the mean) as models."""
@@ -472,7 +442,6 @@ __all__ = [
     "burst_spread",
     "hold_one_job",
     "idle_table",
-    "measure_latency",
     "plot_bench",
     "plot_burst_times",
     "plot_idle",

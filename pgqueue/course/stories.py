@@ -8,7 +8,8 @@ database itself recorded them.
   ``EventLog`` on one time axis.
 - ``NoHeartbeatWorker``: a Worker whose heartbeats never reach the database (a keeper cut
   off from the server), to show the local lease deadline.
-- ``two_reapers``: two reaper loops racing over leases that run out one after another.
+- ``ReaperRace``: the reaps of two reaper loops racing over expiring leases (notebook 03
+  runs them in its cell), with the leases they raced over.
 - ``sandbox``: a private, throw-away ``jobs`` table for the exercises' checks.
 
 Teaching aids only: production code needs none of this.
@@ -16,7 +17,6 @@ Teaching aids only: production code needs none of this.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,7 +27,6 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from ..db import connect
-from ..queue import Queue
 from ..worker import Worker
 
 if TYPE_CHECKING:
@@ -40,7 +39,6 @@ __all__ = [
     "fences",
     "leases",
     "sandbox",
-    "two_reapers",
     "unwatch",
     "watch",
 ]
@@ -167,6 +165,21 @@ class ReaperRace(NamedTuple):
     leases: pd.DataFrame  # the database's lease deadlines of the jobs (see ``leases``)
     jobs: list[int]
 
+    @classmethod
+    def of(
+        cls,
+        conn: psycopg.Connection,
+        calls: list[tuple[str, float, float, list[int]]],
+        jobs: list[int],
+    ) -> ReaperRace:
+        """A race from its reaps (``(reaper, start, end, ids returned)``, ``time.time()``
+        seconds) and its jobs, with their lease deadlines read from ``watch_log``."""
+        import pandas as pd
+
+        frame = leases(conn)
+        table = pd.DataFrame(calls, columns=["reaper", "start", "end", "ids"])
+        return cls(table, frame[frame["job_id"].isin(jobs)].reset_index(drop=True), sorted(jobs))
+
     def returns(self) -> pd.DataFrame:
         """One row per job returned: ``job_id``, ``reaper``, ``t`` (when the reap ended)."""
         frame = self.calls.explode("ids").dropna(subset=["ids"])
@@ -180,73 +193,6 @@ class ReaperRace(NamedTuple):
             bool(((two["start"] < end) & (two["end"] > start)).any())
             for start, end in zip(one["start"], one["end"], strict=True)
         )
-
-
-def two_reapers(
-    dsn: str,
-    *,
-    jobs: int = 300,
-    batches: int = 30,
-    spread: float = 1.0,
-    lease: float = 0.3,
-    every: float = 0.005,
-    queue: str = "reap-race",
-) -> ReaperRace:
-    """Run two reaper loops (``Queue.reap()`` every ``every`` seconds, each on its own
-    connection) while ``jobs`` jobs are claimed in ``batches`` claims spread over
-    ``spread`` seconds and never heartbeat, so their leases run out one batch after
-    another; stop when every job came back. With ``batches=1`` the reapers start together
-    once all the leases have run out. Records every reap: who, when, which of the jobs."""
-    import pandas as pd
-
-    with Queue(dsn) as q:
-        watch(q.conn)
-        ids = q.enqueue_many([{"n": i} for i in range(jobs)], queue=queue)
-        wanted = set(ids)
-        calls: list[tuple[str, float, float, list[int]]] = []
-        lock = threading.Lock()
-        start = threading.Barrier(2)
-        deadline = time.monotonic() + spread + lease + 10
-        errors: list[BaseException] = []
-        back = 0
-
-        def loop(name: str) -> None:
-            nonlocal back
-            try:
-                with Queue(dsn, application_name=f"pgqueue lab {name}") as mine:
-                    start.wait()
-                    while time.monotonic() < deadline:
-                        began = time.time()
-                        rows = mine.reap()
-                        ended = time.time()
-                        mine_back = [r.id for r in rows if r.id in wanted]
-                        with lock:
-                            calls.append((name, began, ended, mine_back))
-                            back += len(mine_back)
-                            if back >= len(wanted):
-                                return
-                        time.sleep(every)
-            except BaseException as exc:  # re-raised in the caller's thread
-                errors.append(exc)
-                start.abort()
-
-        per = -(-jobs // batches)
-        threads = [threading.Thread(target=loop, args=(f"reaper {i}",)) for i in (1, 2)]
-        if batches == 1:
-            q.claim(queue, limit=jobs, lease=lease)
-            time.sleep(lease + 0.05)
-        for thread in threads:
-            thread.start()
-        for _ in range(batches if batches > 1 else 0):
-            q.claim(queue, limit=per, lease=lease)
-            time.sleep(spread / batches)
-        for thread in threads:
-            thread.join()
-        if errors:
-            raise errors[0]
-        frame = leases(q.conn)
-    table = pd.DataFrame(calls, columns=["reaper", "start", "end", "ids"])
-    return ReaperRace(table, frame[frame["job_id"].isin(wanted)].reset_index(drop=True), ids)
 
 
 @contextmanager
