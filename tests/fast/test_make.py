@@ -48,3 +48,11 @@ def test_both_passing_pass() -> None:
     done = make_test("true", "true")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "tests and notebooks passed; Django tests passed" in done.stdout
+
+
+def test_django_tests_skipped_for_want_of_a_python_are_said_skipped_not_passed() -> None:
+    """Where no Python >= 3.12 is found, .ci/django-suite exits 3: make test says the Django
+    tests were skipped (it said 'passed' before) and does not fail for it."""
+    done = make_test("true", "sh -c 'exit 3'")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Django tests skipped (no Python >= 3.12 here)" in done.stdout
