@@ -138,28 +138,34 @@ class ClientState:
         return cls(tuple(getattr(conn, name) for name in _SETTINGS), _sealed(conn))
 
     def changed(self, conn: psycopg.Connection | psycopg.AsyncConnection) -> list[str]:
-        """The names of the settings ``conn`` has changed since."""
-        now = ClientState.of(conn)
-        return [n for n, a, b in zip(_SETTINGS, self.settings, now.settings, strict=True) if a != b]
+        """The names of the settings ``conn`` has changed since (its sealed part is
+        ``restorable``'s: not read again here)."""
+        return [
+            name
+            for name, was in zip(_SETTINGS, self.settings, strict=True)
+            if getattr(conn, name) != was
+        ]
 
     def restorable(self, conn: psycopg.Connection | psycopg.AsyncConnection) -> bool:
         return _sealed(conn) == self.sealed
 
     def restore(self, conn: psycopg.Connection) -> None:
         """Put the settings back (the connection is idle: after any rollback)."""
-        for name in self.changed(conn):
-            setattr(conn, name, self.settings[_SETTINGS.index(name)])
+        for name, was in zip(_SETTINGS, self.settings, strict=True):
+            if getattr(conn, name) != was:
+                setattr(conn, name, was)
 
     async def async_restore(self, conn: psycopg.AsyncConnection) -> None:
         """``restore`` for an ``AsyncConnection``, whose transaction settings are set by
         coroutines."""
-        for name in self.changed(conn):
-            value = self.settings[_SETTINGS.index(name)]
+        for name, was in zip(_SETTINGS, self.settings, strict=True):
+            if getattr(conn, name) == was:
+                continue
             setter = getattr(conn, f"set_{name}", None) if name in _SETTINGS[:3] else None
             if setter is not None:
-                await setter(value)
+                await setter(was)
             else:
-                setattr(conn, name, value)
+                setattr(conn, name, was)
 
 
 def _sealed(conn: psycopg.Connection | psycopg.AsyncConnection) -> tuple[object, ...]:
