@@ -223,6 +223,7 @@ class PreparedLab:
     lab: Lab
     app_dir: Path
     data_dir: Path
+    config_dir: Path
     prepared: str  # what prepare-lab printed
     before: dict[Path, bytes]  # the notebooks before it ran
 
@@ -234,12 +235,14 @@ def prepared_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PreparedL
     a learner's settings dir that is empty, serving a copy of the course."""
     tmp = tmp_path_factory.mktemp("lab")
     app_dir, data_dir = tmp / "lab-app", tmp / "jupyter-data"
+    config_dir = tmp / "jupyter-config"  # where the server extension is turned on
     data_dir.mkdir()
     before = {nb: nb.read_bytes() for nb in sorted((ROOT / "notebooks").glob("*.ipynb"))}
     env = os.environ | {
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "JUPYTERLAB_DIR": str(app_dir),
         "JUPYTER_DATA_DIR": str(data_dir),
+        "JUPYTER_CONFIG_PATH": str(config_dir),
     }
     done = subprocess.run(
         ["binder/prepare-lab"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
@@ -256,6 +259,7 @@ def prepared_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PreparedL
         command.append("--allow-root")
     lab_env = os.environ | {
         "JUPYTER_DATA_DIR": str(data_dir),  # where the trust went
+        "JUPYTER_CONFIG_PATH": str(config_dir),  # where the extension was turned on
         "JUPYTERLAB_SETTINGS_DIR": str(tmp / "user-settings"),  # a learner's: empty
         "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
         "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
@@ -269,7 +273,7 @@ def prepared_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PreparedL
     lab = Lab(f"http://127.0.0.1:{port}", token, log)
     try:
         _wait_until_serving(lab, server)
-        yield PreparedLab(lab, app_dir, data_dir, done.stdout, before)
+        yield PreparedLab(lab, app_dir, data_dir, config_dir, done.stdout, before)
     finally:
         _stop(lab, server)
 
@@ -298,6 +302,12 @@ def test_prepare_lab_turns_the_news_off_and_trusts_the_notebooks(
         schema = json.load(response)["schema"]["properties"]
     assert schema["fetchNews"]["default"] == "false"  # JupyterLab asks nothing, shows none
     assert schema["checkForUpdates"]["default"] is False
+    # The server extension that keeps lessons from opening marked unsaved (see
+    # tests/integrations/test_browser.py) is turned on, and the server loaded it.
+    turned_on = prepared_lab.config_dir / "jupyter_server_config.d" / "pgqueue-course.json"
+    shipped = ROOT / "binder" / "jupyter-server-config.json"
+    assert json.loads(turned_on.read_text()) == json.loads(shipped.read_text())
+    assert "notebooks handed out by CourseContents" in lab.log.read_text()
 
 
 NEWS_TOAST = ".Toastify__toast"  # JupyterLab's notifications ("...official Jupyter news?")

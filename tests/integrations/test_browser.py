@@ -94,7 +94,13 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
     ]  # fmt: skip
     if os.geteuid() == 0:
         command.append("--allow-root")
+    # The course's server extension, turned on as binder/prepare-lab turns it on for
+    # `make course` and Binder: its JSON in a jupyter_server_config.d on the config path.
+    server_config = tmp_path / "jupyter-config" / "jupyter_server_config.d"
+    server_config.mkdir(parents=True)
+    shutil.copy(ROOT / "binder" / "jupyter-server-config.json", server_config / "pgqueue.json")
     env = os.environ | {
+        "JUPYTER_CONFIG_PATH": str(server_config.parent),
         "JUPYTERLAB_SETTINGS_DIR": str(settings),
         "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "lab-workspaces"),
         "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime"),
@@ -294,4 +300,53 @@ def test_notebook_runs_in_jupyterlab_in_chromium(
             page.screenshot(path=str(screenshot))
             with capsys.disabled():
                 print(f"\nscreenshot of {notebook} in JupyterLab: {screenshot}")
+            browser.close()
+
+
+# Once the kernel has answered, JupyterLab has written its language_info into the notebook.
+OPENED_CLEAN = """version => {
+    const panel = window.jupyterapp.shell.currentWidget;
+    const info = panel?.context?.model?.getMetadata('language_info');
+    if (info?.version !== version) return null;
+    return {dirty: panel.context.model.dirty};
+}"""
+
+
+@pytest.mark.timeout(180)
+def test_a_lesson_opens_not_marked_unsaved(lab: Lab, tmp_path: Path) -> None:
+    """A lesson stored with another Python than the learner's opens unmodified.
+
+    JupyterLab writes the kernel's ``language_info`` into the notebook when the kernel
+    answers; without ``pgqueue.course.lab_contents`` a lesson executed on another Python
+    version (always, for a learner) opened with the unsaved mark, and closing it asked to
+    save changes nobody made. The lesson here is stored as if executed on Python 3.0.0.
+    """
+    if not CHROMIUM.exists():
+        _unavailable(f"{CHROMIUM} is missing: apt-get install chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _unavailable("the playwright package is missing: pip install -e '.[dev]'")
+    lesson = "notebooks/08-notify-delivery-and-cost.ipynb"
+    stored = tmp_path / "course" / lesson  # the lab fixture serves this copy
+    notebook = json.loads(stored.read_text())
+    notebook["metadata"]["language_info"]["version"] = "3.0.0"
+    stored.write_text(json.dumps(notebook, indent=1))
+    kernel_python = sys.version.split()[0]  # the kernel is this environment's python3
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS, headless=True
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(60_000)
+            page.goto(f"{lab.url}/lab/tree/{lesson}?token={lab.token}")
+            page.wait_for_function(NOTEBOOK_OPEN, arg=lesson)
+            page.wait_for_function(KERNEL_IDLE)
+            opened = page.wait_for_function(OPENED_CLEAN, arg=kernel_python).json_value()
+            assert opened == {"dirty": False}, "the lesson opened marked unsaved"
+            # The file itself is untouched until the learner saves.
+            assert json.loads(stored.read_text())["metadata"]["language_info"]["version"] == "3.0.0"
+        finally:
             browser.close()
