@@ -1,6 +1,6 @@
-"""The worker engine's lesson (notebook 13): where each kind of handler runs, and how many
-statements a worker sends for a backlog, counted by the worker and by the server.
-Teaching aids, not the queue."""
+"""The worker engine's lesson (notebook 18, inside the worker): where each kind of handler
+runs, how many statements a worker sends for a backlog, counted by the worker and by the
+server, and the figure and "Try it" run of that count. Teaching aids, not the queue."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ..queue import JobState, Queue
 from ..worker import Worker
 from .lab import scratch_database
 
-COUNTED = "course_13_statements"  # the scratch database whose commits are counted
+COUNTED = "course_18_statements"  # the scratch database whose commits are counted
 
 
 def place(notebook_loop: asyncio.AbstractEventLoop) -> tuple[str, str]:
@@ -179,3 +179,49 @@ def places(ran: list[tuple[str, str, str, str]]) -> pd.DataFrame:
     indexed by face and handler: one row per pair when each ran in one place only."""
     where = pd.DataFrame(ran, columns=["face", "handler", "thread", "event loop"])
     return where.drop_duplicates().set_index(["face", "handler"]).sort_index()
+
+
+def plot_backlog(backlog: pd.DataFrame, *, title: str | None = None) -> Any:
+    """The table of ``counted`` drawn: for each run (one colour), the claims and completion
+    statements the worker sent and the commits the server counted, beside the number of
+    jobs (the dashed line: one statement per job), on a log scale."""
+    import matplotlib.pyplot as plt
+
+    measures = {"claims": "claims", "completions": "completion\nstatements", "commits": "commits"}
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    width = 0.8 / max(1, len(backlog))
+    for n, (label, row) in enumerate(backlog.iterrows()):
+        xs = [i + (n - (len(backlog) - 1) / 2) * width for i in range(len(measures))]
+        values = [int(row[column]) for column in measures]
+        bars = ax.bar(xs, values, width, label=str(label))
+        ax.bar_label(bars, labels=[f"{v:,}" for v in values], fontsize=8)
+    jobs = int(backlog.jobs.max())
+    ax.axhline(jobs, color="0.3", linestyle="--", linewidth=1, label=f"{jobs} jobs")
+    ax.set_yscale("log")
+    ax.set_ylim(1, jobs * 5)
+    ax.set_xticks(range(len(measures)), list(measures.values()))
+    ax.set_ylabel("count (log scale)")
+    ax.set_title(title or f"{jobs} jobs drained: the worker's statements, the server's commits")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def try_backlog(concurrency: int = 4, batch: int = 10, jobs: int = 300) -> None:
+    """The backlog run of notebook 18 with your lanes and batch: ``counted`` buffered and
+    one completion per job, in the scratch database ``COUNTED``; shows the table and its
+    figure."""
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    lanes = {"concurrency": concurrency, "batch": batch}
+    backlog = counted(
+        jobs,
+        {
+            "buffered (default)": lanes,
+            "one complete per job": lanes | {"complete_in_batches": False},
+        },
+    )
+    display(backlog.round(2))
+    plot_backlog(backlog, title=f"{jobs} jobs, {concurrency} lanes, batch={batch}")
+    plt.show()

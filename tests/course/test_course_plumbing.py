@@ -1,6 +1,6 @@
-"""The plumbing notebooks 11 and 13 call (own_code_lab, asyncio_lab, engine_lab.run_face and
-places), against a real server: the counts, tables and waits they show are what the database
-and the workers did."""
+"""The plumbing notebooks 11, 13 and 18 call (own_code_lab, asyncio_lab, engine_lab.run_face
+and places), against a real server: the counts, tables and waits they show are what the
+database and the workers did."""
 
 from __future__ import annotations
 
