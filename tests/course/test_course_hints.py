@@ -21,7 +21,6 @@ from pgqueue.course.checks import (
     nb06,
     nb07,
     nb11,
-    nb12,
     nb13,
     nb14,
     nb17,
@@ -312,7 +311,7 @@ def test_the_bound_check_tells_each_miscounted_fault_apart(
     distinct(results)
 
 
-# Notebook 11: the partial unique index of keys.
+# Notebook 05: the partial unique index of enqueue keys.
 KEY_INDEX = """
 CREATE UNIQUE INDEX my_jobs_key_idx ON my_jobs (queue, key)
   WHERE key IS NOT NULL AND status IN ('ready', 'running')
@@ -331,10 +330,10 @@ WRONG_INDEXES = {
 def test_the_key_index_check_gives_each_mistake_its_own_hint(
     dsn: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    nb12.check_key_index(KEY_INDEX, dsn)
+    nb05.check_key_index(KEY_INDEX, dsn)
     assert "added one job" in capsys.readouterr().out
     results = {
-        want: slips(nb12.check_key_index, nb12.HINTS, wrong, dsn)
+        want: slips(nb05.check_key_index, nb05.KEY_HINTS, wrong, dsn)
         for want, wrong in WRONG_INDEXES.items()
     }
     assert {want: kind for want, (_, _, kind) in results.items()} == {k: k for k in results}
