@@ -1,4 +1,4 @@
-"""Cancelling a running job, for the lesson on job semantics: the worker that runs the
+"""Cancelling a running job, for the lesson on how jobs end (06): the worker that runs the
 handler while the notebook cancels its job, how the holder was first told, and the story's
 timeline with the moment of ``q.cancel()`` marked. The cancel itself stays in the notebook.
 """

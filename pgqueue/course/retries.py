@@ -276,16 +276,22 @@ def misbehave(
     due: Mapping[str, float],
     late: MutableMapping[str, Any],
     queue: str = "kinds",
+    max_attempts: Mapping[str, int] | None = None,
 ) -> Misbehaved:
     """Enqueue one job ``{"kind": kind}`` per kind of ``due``, due that many seconds from
-    now, and start ``worker`` (on ``queue``, with a ``timeout``). Once it has timed out a
-    handler, enqueue two ``slow`` jobs; wait until every job is done or dead, then for the
-    hung handler to put its late write in ``late["write"]`` (5 s at most), and stop the
-    worker. The outcomes: each kind's status, attempts, fence, its first ending (the error,
-    or the status) and the retry delay that ending was given."""
+    now (with ``max_attempts[kind]`` attempts where given, else the default), and start
+    ``worker`` (on ``queue``, with a ``timeout``). Once it has timed out a handler, enqueue
+    two ``slow`` jobs; wait until every job is done or dead, then for the hung handler to put
+    its late write in ``late["write"]`` (5 s at most), and stop the worker. The outcomes:
+    each kind's status, attempts, fence, its first ending (the error, or the status) and the
+    retry delay that ending was given."""
     import pandas as pd
 
-    ids = {kind: q.enqueue({"kind": kind}, queue=queue, delay=s) for kind, s in due.items()}
+    most = dict(max_attempts or {})
+    ids = {
+        kind: q.enqueue({"kind": kind}, queue=queue, delay=s, **_attempts(most, kind))
+        for kind, s in due.items()
+    }
     worker.start()
     try:
         deadline = time.monotonic() + 10
@@ -321,3 +327,8 @@ def misbehave(
             }
         )
     return Misbehaved(ids, slow, hung_still_asleep, pd.DataFrame(rows).set_index("kind"))
+
+
+def _attempts(most: Mapping[str, int], kind: str) -> dict[str, int]:
+    """``max_attempts`` for one kind's enqueue, if one was given."""
+    return {"max_attempts": most[kind]} if kind in most else {}

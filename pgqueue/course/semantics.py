@@ -1,5 +1,5 @@
 """Notebook 12's experiments: priorities under a constant stream of urgent work (starvation,
-and aging as its cure), and concurrent enqueues of one key. Teaching aids, not the queue."""
+and aging as its cure). Teaching aids, not the queue."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pandas as pd
 
 from ..queue import Queue
 from ..worker import Worker
-from .lab import run_threads
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -147,26 +146,3 @@ def plot_waits(runs: dict[str, pd.DataFrame], *, title: str) -> Figure:
     fig.suptitle(title)
     fig.tight_layout()
     return fig
-
-
-def enqueue_together(dsn: str, key: str, *, threads: int = 8, queue: str = "reports") -> list[int]:
-    """``threads`` threads, each with its own connection, enqueue one job with ``key`` at
-    the same moment; the ids they were given."""
-    start = threading.Barrier(threads)
-    ids: list[int] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def enqueue(n: int) -> None:
-        try:
-            with Queue(dsn) as q:
-                start.wait()
-                job_id = q.enqueue({"report": "daily", "asked_by": n}, queue=queue, key=key)
-            with lock:
-                ids.append(job_id)
-        except BaseException as exc:  # re-raised in the caller's thread
-            errors.append(exc)
-            start.abort()
-
-    run_threads([threading.Thread(target=enqueue, args=(n,)) for n in range(threads)], errors)
-    return ids

@@ -312,7 +312,7 @@ def test_the_bound_check_tells_each_miscounted_fault_apart(
     distinct(results)
 
 
-# Notebook 11: the partial unique index of keys.
+# Notebook 05: the partial unique index of enqueue keys.
 KEY_INDEX = """
 CREATE UNIQUE INDEX my_jobs_key_idx ON my_jobs (queue, key)
   WHERE key IS NOT NULL AND status IN ('ready', 'running')
@@ -331,17 +331,48 @@ WRONG_INDEXES = {
 def test_the_key_index_check_gives_each_mistake_its_own_hint(
     dsn: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    nb12.check_key_index(KEY_INDEX, dsn)
+    nb05.check_key_index(KEY_INDEX, dsn)
     assert "added one job" in capsys.readouterr().out
     results = {
-        want: slips(nb12.check_key_index, nb12.HINTS, wrong, dsn)
+        want: slips(nb05.check_key_index, nb05.KEY_HINTS, wrong, dsn)
         for want, wrong in WRONG_INDEXES.items()
     }
     assert {want: kind for want, (_, _, kind) in results.items()} == {k: k for k in results}
     distinct(results)
 
 
-# Notebook 12: an async handler that awaits its I/O and its write.
+# Notebook 12: aging, ready jobs past a bound raised to the top priority.
+AGING = """
+UPDATE jobs SET priority = %(top)s
+WHERE queue = %(queue)s AND status = 'ready' AND priority < %(top)s
+  AND run_at < now() - make_interval(secs => %(after)s)
+"""
+WRONG_AGINGS = {
+    "raise": AGING.replace("SET priority = %(top)s", "SET priority = priority"),
+    "age": AGING.replace("\n  AND run_at < now() - make_interval(secs => %(after)s)", ""),
+    "status": AGING.replace(" AND status = 'ready'", ""),
+    "queue": AGING.replace("queue = %(queue)s AND ", ""),
+    "lowered": AGING.replace(" AND priority < %(top)s", ""),
+    "run-at": AGING.replace("SET priority = %(top)s", "SET priority = %(top)s, run_at = now()"),
+    "rewrite": AGING.replace("priority < %(top)s", "priority <= %(top)s"),
+}
+
+
+def test_the_aging_check_gives_each_mistake_its_own_hint(
+    dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nb12.check_aging(AGING, dsn)
+    assert "one job raised to the top" in capsys.readouterr().out
+    assert all(wrong != AGING for wrong in WRONG_AGINGS.values())
+    results = {
+        want: slips(nb12.check_aging, nb12.HINTS, wrong, dsn)
+        for want, wrong in WRONG_AGINGS.items()
+    }
+    assert {want: kind for want, (_, _, kind) in results.items()} == {k: k for k in results}
+    distinct(results)
+
+
+# Notebook 13: an async handler that awaits its I/O and its write.
 async def send_email(order_id: int) -> str:
     await asyncio.sleep(0.1)
     return f"e-mail sent for order {order_id}"
