@@ -1,15 +1,14 @@
 """Claims that compete (lesson 02): the plumbing and the figures.
 
-Who claimed which job; two sessions stepping through a two-statement claim; the same queue
-drained with and without ``SKIP LOCKED`` (``lab.race``), summed up and drawn; and the
-throughput against how long a claim holds its locks, beside two simple models. The
+Who claimed which job; two sessions stepping through a two-statement claim; the runs of
+lesson 02's claim races (its ``drain``, written in the notebook: events ``claim``,
+``claim-begin``, ``lock-wait``, ``complete`` and ``complete-rejected``) summed up and drawn;
+and the throughput against how long a claim holds its locks, beside two simple models. The
 statements themselves stay in the lesson (or in ``counterfactuals.sql``) and are passed in.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import matplotlib.pyplot as plt
@@ -21,7 +20,7 @@ from matplotlib.figure import Figure
 from ..db import connect
 from ..events import EventLog
 from ..queue import Queue
-from . import lab, plot
+from . import plot
 
 LABELS = {"no-skip-locked": "FOR UPDATE (waits)", "skip-locked": "FOR UPDATE SKIP LOCKED"}
 
@@ -105,25 +104,6 @@ def two_sessions(
         job = q.get(job_id)
         q.conn.execute("UPDATE jobs SET status = 'done' WHERE id = %s", [job_id])  # tidy up
     return TwoSessions(pd.DataFrame(steps), a_ids, b_ids, a_rows, b_rows, job)
-
-
-def compare(
-    dsn: str,
-    workers: int = 4,
-    hold: float = 0.1,
-    jobs: int = 24,
-    work: float = 0.02,
-    styles: Iterable[str] = ("no-skip-locked", "skip-locked"),
-) -> dict[str, EventLog]:
-    """Drain ``jobs`` jobs with each claim style of ``lab.race``, each in a fresh queue,
-    every claim transaction held open ``hold`` seconds; the event log of each run."""
-    runs = {}
-    for style in styles:
-        name = f"{style}-{hold:g}-{time.monotonic_ns()}"
-        with Queue(dsn) as producer:
-            producer.enqueue_many([{"n": i} for i in range(jobs)], queue=name)
-        runs[style] = lab.race(dsn, style, workers=workers, queue=name, hold=hold, work=work)
-    return runs
 
 
 def summary(runs: dict[str, EventLog]) -> pd.DataFrame:

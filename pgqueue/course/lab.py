@@ -16,7 +16,6 @@ from .. import statements
 from ..errors import BadInput
 from ..events import Event, EventLog
 from ..job import Job
-from ..queue import Queue
 from ..tools.databases import drop_database, fresh_database
 
 
@@ -48,7 +47,6 @@ def scratch_database(name: str, dsn: str | None = None) -> Iterator[str]:
 _SELECTS = {
     "no-lock": "select_ready_unlocked",
     "no-skip-locked": "select_ready_wait",
-    "skip-locked": "select_ready_skip",
 }
 
 
@@ -60,18 +58,14 @@ def _claim_in_two_steps(
     limit: int,
     hold: float,
     lease: float,
-    on_selected: Callable[[float], None] | None = None,
 ) -> list[Job]:
     """Select ready ids (locking as ``style`` says), keep the transaction open ``hold``
-    seconds, then mark them running. ``on_selected`` hears how long the select waited."""
+    seconds, then mark them running."""
     if style not in _SELECTS:
         raise BadInput(f"style must be one of {sorted(_SELECTS)}, got {style!r}")
     cf = counterfactuals()
     with conn.transaction():
-        asked = time.monotonic()
         rows = conn.execute(cf[_SELECTS[style]], {"queue": queue, "limit": limit}).fetchall()
-        if on_selected is not None:
-            on_selected(time.monotonic() - asked)
         if not rows:
             return []
         if hold > 0:
@@ -126,63 +120,6 @@ def write_report_ignoring_fence(job: Job, report_id: int, body: str) -> bool:
     return cur.rowcount == 1
 
 
-def race(
-    dsn: str,
-    style: str,
-    *,
-    workers: int = 4,
-    queue: str = "race",
-    hold: float = 0.05,
-    work: float = 0.02,
-    lease: float = 30.0,
-    events: EventLog | None = None,
-) -> EventLog:
-    """Let ``workers`` threads drain ``queue`` with a two-step claim of ``style``
-    (``"skip-locked"``, or the counterfactuals ``"no-skip-locked"`` and ``"no-lock"``),
-    each holding its claim transaction ``hold`` seconds and working ``work`` seconds per job.
-
-    Records claim, complete / complete-rejected, ``lock-wait`` (detail: seconds a claim's
-    select waited for other workers' row locks; waits under 20 ms are left out) and
-    ``claim-begin`` (the select returned; the claim transaction is still open).
-    """
-    if style not in _SELECTS:
-        raise BadInput(f"style must be one of {sorted(_SELECTS)}, got {style!r}")
-    log = events if events is not None else EventLog()
-    start = threading.Barrier(workers)
-    errors: list[BaseException] = []
-
-    def drain(lane: str) -> None:
-        try:
-            with Queue(dsn, application_name=f"pgqueue lab {lane}") as q:
-                start.wait()
-
-                def waited(seconds: float) -> None:
-                    if seconds >= 0.02:
-                        log.record("lock-wait", lane, detail=f"{seconds:.4f}")
-                    log.record("claim-begin", lane)
-
-                while True:
-                    jobs = _claim_in_two_steps(
-                        q.conn, style, queue, limit=1, hold=hold, lease=lease, on_selected=waited
-                    )
-                    if not jobs:
-                        return
-                    for job in jobs:
-                        log.record("claim", lane, job.id, job.fence, str(job.attempts))
-                        time.sleep(work)
-                        ok = q.complete(job)
-                        log.record(
-                            "complete" if ok else "complete-rejected", lane, job.id, job.fence
-                        )
-        except BaseException as exc:  # re-raised in the caller's thread below
-            errors.append(exc)
-            start.abort()
-
-    lanes = [threading.Thread(target=drain, args=(f"w{i + 1}",)) for i in range(workers)]
-    run_threads(lanes, errors)
-    return log
-
-
 def run_threads(threads: list[threading.Thread], errors: list[BaseException]) -> None:
     """Start ``threads``, wait for them all, then raise the first error one of them put in
     ``errors`` (threads cannot raise into their caller: each records what it caught)."""
@@ -217,7 +154,6 @@ __all__ = [
     "complete_ignoring_fence",
     "drop_database",
     "fresh_database",
-    "race",
     "run_threads",
     "scratch_database",
     "wait_for",

@@ -40,7 +40,7 @@ def _draw_pauses(sheet: _Sheet) -> None:
 
 
 def _draw_lock_waits(sheet: _Sheet) -> None:
-    """(lab.race) A dotted box where the claim's select stood in line behind other locks."""
+    """(02's claim races) A dotted box where the claim's select stood in line behind other locks."""
     for row in sheet.frame[sheet.frame["kind"] == "lock-wait"].itertuples():
         if row.worker in sheet.y:
             waited, lane_y = float(row.detail or 0), sheet.y[row.worker]
@@ -57,7 +57,7 @@ def _draw_lock_waits(sheet: _Sheet) -> None:
 
 
 def _draw_claim_transactions(sheet: _Sheet) -> None:
-    """(lab.race) A thin bar from the claim's select returning to the claim's commit."""
+    """(02's claim races) A thin bar from the claim's select returning to the claim's commit."""
     begins = sheet.frame[sheet.frame["kind"] == "claim-begin"]
     for row in sheet.claims.itertuples():
         mine = begins[(begins["worker"] == row.worker) & (begins["s"] <= row.s)]

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 import matplotlib
 import psycopg
-import pytest
 from matplotlib.figure import Figure
 from matplotlib.transforms import Bbox
 
@@ -19,10 +17,6 @@ from pgqueue.course import failures, lab, plot, stories
 from pgqueue.course.faults import FaultyWorker
 
 matplotlib.use("Agg")
-
-
-def _claims(log: EventLog) -> Counter[int]:
-    return Counter(e.job_id for e in log.events("claim"))
 
 
 def test_claim_without_lock_hands_one_job_to_two_workers(queue: Queue, dsn: str) -> None:
@@ -49,18 +43,6 @@ def test_claim_without_skip_locked_returns_the_claimed_jobs(queue: Queue) -> Non
     jobs = lab.claim_without_skip_locked(queue.conn, "cf", limit=2, hold=0)
     assert len(jobs) == 2 and {j.id for j in jobs} <= set(ids)
     assert all(j.fence == 1 for j in jobs)
-
-
-@pytest.mark.parametrize(("style", "duplicates"), [("skip-locked", False), ("no-lock", True)])
-def test_race_shows_duplicates_only_without_locks(
-    queue: Queue, dsn: str, style: str, duplicates: bool
-) -> None:
-    queue.enqueue_many([{"n": i} for i in range(8)], queue="race")
-    log = lab.race(dsn, style, workers=3, hold=0.05, work=0.0)
-    claims = _claims(log)
-    assert set(claims) == {j for (j,) in rows(dsn, "SELECT id FROM jobs")}
-    assert (max(claims.values()) > 1) is duplicates
-    assert rows(dsn, "SELECT count(*) FROM jobs WHERE status <> 'done'") == [(0,)]
 
 
 def test_complete_ignoring_fence_lets_a_stale_holder_through(queue: Queue) -> None:
