@@ -336,7 +336,7 @@ def test_a_queue_paused_from_the_dashboard_is_not_claimed_by_a_running_worker_un
             ("ready",),
         ]
         page = client.get("/").text
-        assert "paused: its 2 ready jobs wait for a resume" in page
+        assert "paused: its 2 ready job(s) wait for a resume" in page
         assert 'data-action="api/queues/emails/resume"' in page
         [emails] = [
             q for q in client.get("/api/overview").json()["queues"] if q["queue"] == "emails"

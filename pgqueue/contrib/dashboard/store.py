@@ -212,7 +212,7 @@ class Store:
                     "paused_since": paused[name].isoformat() if name in paused else None,
                     "attention": _attention(counts, expired.get(name, 0))
                     + (
-                        [f"paused: its {counts['ready']} ready jobs wait for a resume"]
+                        [f"paused: its {counts['ready']} ready job(s) wait for a resume"]
                         if name in paused and counts["ready"]
                         else []
                     ),
