@@ -4,8 +4,9 @@ They take their instructions from the payload, so one handler serves many tests:
 - ``sleep``: how long the handler works (seconds) before it writes anything;
 - ``first_sleep``: extra seconds on the first attempt only (a job that hangs once);
 - ``report``: the id of the row of ``reports`` to write with the job's fence;
-- ``started``: a file ``report`` creates as its handler begins (a test that freezes the
-  worker waits for it: frozen earlier, the worker skips the job, its lease gone, unrun).
+- ``started``: a file ``sleep`` and ``report`` create as their handler begins (a test that
+  freezes or stops the worker waits for it: a job claimed but not started yet is skipped
+  by a frozen worker, its lease gone, and handed back unrun by a graceful stop).
 
 ``report`` writes to two side tables the test creates first:
 ``reports (id int PRIMARY KEY, body text, job_id bigint, fence bigint)`` through a
@@ -47,7 +48,10 @@ async def async_noop(job: AsyncJob) -> None:
 
 
 def sleep(job: Job) -> None:
-    """Work for ``payload["sleep"]`` (+ ``first_sleep`` on attempt 1) seconds, then complete."""
+    """Work for ``payload["sleep"]`` (+ ``first_sleep`` on attempt 1) seconds, then complete
+    (creating the ``started`` file first, if the payload names one)."""
+    if "started" in job.payload:
+        open(job.payload["started"], "a").close()
     time.sleep(_seconds(job))
 
 

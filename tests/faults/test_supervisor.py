@@ -167,11 +167,14 @@ def test_ctrl_c_reaches_each_child_once(dsn: str, start: Start) -> None:
     assert "second signal" not in run.stderr()
 
 
-def test_a_second_signal_forces_the_children(dsn: str, start: Start) -> None:
+def test_a_second_signal_forces_the_children(dsn: str, start: Start, tmp_path: Path) -> None:
+    # Wait for the handler to begin, not only for the claim: a graceful stop hands back a job
+    # claimed and not started yet, and would then exit at once (seen on a loaded machine).
+    began = tmp_path / "began"
     with Queue(dsn) as q:
-        q.enqueue({"sleep": 60}, queue="q")
+        q.enqueue({"sleep": 60, "started": str(began)}, queue="q")
     run = start("tests.handlers:sleep", "--processes", "2", *FAST)
-    wait_for(lambda: count(dsn, "running") == 1, 20, "the claim", run)
+    wait_for(lambda: count(dsn, "running") == 1 and began.exists(), 20, "the handler", run)
     run.proc.send_signal(signal.SIGTERM)
     time.sleep(0.5)
     assert run.proc.poll() is None  # the handler runs on, within the grace period
@@ -182,13 +185,19 @@ def test_a_second_signal_forces_the_children(dsn: str, start: Start) -> None:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_children_of_a_killed_supervisor_stop_gracefully(dsn: str, start: Start) -> None:
+def test_children_of_a_killed_supervisor_stop_gracefully(
+    dsn: str, start: Start, tmp_path: Path
+) -> None:
+    # Wait for the handler to begin, not only for the claim: a graceful stop lets a running
+    # handler finish but hands back a job claimed and not started yet (ready, as it should be;
+    # this test once failed so on a loaded machine, with the job still ready).
+    began = tmp_path / "began"
     with Queue(dsn) as q:
-        job_id = q.enqueue({"sleep": 1.0}, queue="q")
+        job_id = q.enqueue({"sleep": 1.0, "started": str(began)}, queue="q")
     # PYTHONFAULTHANDLER: a child still alive at the end is made to print every thread's
     # stack (SIGABRT), so a stop that hangs says where (seen once in .ci/run, not since).
     run = start("tests.handlers:sleep", "--processes", "2", *FAST, env={"PYTHONFAULTHANDLER": "1"})
-    wait_for(lambda: count(dsn, "running") == 1 and run.ready(), 20, "the claim", run)
+    wait_for(lambda: began.exists() and run.ready(), 20, "the handler", run)
     children = run.children()
     run.proc.kill()  # no chance to forward anything: the kernel sends each child SIGTERM
     try:
