@@ -151,14 +151,15 @@ def test_sigterm_stops_every_child_gracefully(dsn: str, start: Start) -> None:
     assert "second signal" not in run.stderr() and "Traceback" not in run.stderr()
 
 
-def test_ctrl_c_reaches_each_child_once(dsn: str, start: Start) -> None:
+def test_ctrl_c_reaches_each_child_once(dsn: str, start: Start, tmp_path: Path) -> None:
     """A terminal's Ctrl-C signals the whole foreground process group. The children are in
     groups of their own, so each hears one SIGINT (the supervisor's) and stops gracefully;
     a second SIGINT would have forced it and abandoned the running handler."""
+    began = tmp_path / "began"  # a job claimed and not started yet would be handed back
     with Queue(dsn) as q:
-        job_id = q.enqueue({"sleep": 1.5}, queue="q")
+        job_id = q.enqueue({"sleep": 1.5, "started": str(began)}, queue="q")
     run = start("tests.handlers:sleep", "--processes", "2", *FAST, start_new_session=True)
-    wait_for(lambda: count(dsn, "running") == 1 and run.ready(), 20, "the claim", run)
+    wait_for(lambda: began.exists() and run.ready(), 20, "the handler", run)
     os.killpg(run.proc.pid, signal.SIGINT)  # what the terminal does
     assert run.wait(15) == 0, run.stderr()
 
