@@ -88,6 +88,13 @@ class Face:
         return self.engine.stopping
 
     @property
+    def metrics_url(self) -> str | None:
+        """Where the worker serves its Prometheus metrics (``metrics_port``), with the port
+        it listens on once started (``metrics_port=0``: a free one); None without metrics."""
+        metrics = self.engine.metrics
+        return None if metrics is None else metrics.url
+
+    @property
     def in_flight(self) -> list[Any]:
         """Jobs claimed and not yet finished by this worker."""
         return [claim.job for claim in list(self.engine.claims.values())]

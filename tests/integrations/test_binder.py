@@ -58,8 +58,9 @@ def test_binder_files_follow_repo2docker_rules() -> None:
         assert not (BINDER / name).exists(), f"binder/{name} would replace requirements.txt"
 
     requirements = _requirement_lines(BINDER / "requirements.txt")
-    assert "-e .[notebooks,dashboard]" in requirements, (
-        "binder must install this package with [notebooks] and the dashboard's [dashboard]"
+    assert "-e .[notebooks,dashboard,metrics]" in requirements, (
+        "binder must install this package with [notebooks], the dashboard's [dashboard] and"
+        " the [metrics] notebook 11 scrapes"
     )
     assert any(line.startswith("jupyter-server-proxy") for line in requirements), (
         "binder needs jupyter-server-proxy for the dashboard's launcher tile"

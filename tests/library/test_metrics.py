@@ -98,7 +98,8 @@ def test_a_scrape_shows_each_outcome_both_histograms_and_the_live_gauges(dsn: st
         ).start()
         try:
             assert worker.engine.metrics is not None
-            url = worker.engine.metrics.url
+            url = worker.metrics_url  # the port it listens on, metrics_port=0 having chosen it
+            assert url == worker.engine.metrics.url and not url.endswith(":0/metrics")
             wait_for(lambda: (worker.done, worker.failed) == (4, 3), what="the first jobs")
             # One lane, one job held at most: while the paused handler waits, a runnable
             # job enqueued a minute ago (by the server's clock) waits in the table.
@@ -417,3 +418,22 @@ def test_without_a_tracer_provider_or_the_package_there_is_no_span(
     assert tracing.job_spans() is tracing.no_span  # installed, nothing configured
     monkeypatch.setitem(sys.modules, "opentelemetry", None)  # not installed
     assert tracing.job_spans() is tracing.no_span
+
+
+def test_metrics_url_is_none_without_metrics_and_says_the_chosen_port_with_them(
+    dsn: str,
+) -> None:
+    assert Worker(lambda job: None, dsn=dsn, queue="m").metrics_url is None
+
+    async def noop(job: Job) -> None:
+        pass
+
+    assert AsyncWorker(noop, dsn=dsn, queue="m").metrics_url is None
+    worker = Worker(lambda job: None, dsn=dsn, queue="m", metrics_port=0).start()
+    try:
+        url = worker.metrics_url
+        assert url is not None and url.startswith("http://127.0.0.1:")
+        assert not url.endswith(":0/metrics")  # the port listened on, not the 0 asked for
+        assert ("pgqueue_stats_up", ()) in scrape(url)
+    finally:
+        worker.stop()
